@@ -1,0 +1,71 @@
+"""What each framework backend offers, described without importing the framework.
+
+The spec validates `model.framework`, `model.kind`, `model.params` and accelerator choices
+against this table, so `rayline validate` and `rayline --help` never import torch,
+TensorFlow or xgboost. The backend module itself is imported only when training or
+serving needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+__all__ = ["BackendInfo", "BACKENDS", "backend_info", "load_backend"]
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """One framework backend: its module, built-in model kinds and their parameters."""
+
+    name: str
+    module: str  # "rayline.train.torch_backend"; imported lazily
+    kinds: dict[str, frozenset[str]]  # built-in kind -> parameters it accepts
+    accelerators: frozenset[str] = field(default_factory=lambda: frozenset({"cpu", "gpu"}))
+    epoch_based: bool = True  # False: rounds instead of epochs (xgboost)
+    import_returns: str = ""  # what a `model.import` callable must return
+
+
+_MLP_PARAMS = frozenset({"hidden_sizes", "dropout"})
+
+BACKENDS: dict[str, BackendInfo] = {
+    "torch": BackendInfo(
+        name="torch",
+        module="rayline.train.torch_backend",
+        kinds={"mlp": _MLP_PARAMS},
+        import_returns="a torch.nn.Module",
+    ),
+    "tensorflow": BackendInfo(
+        name="tensorflow",
+        module="rayline.train.tensorflow_backend",
+        kinds={"mlp": _MLP_PARAMS},
+        import_returns="a Keras model (tf_keras.Model)",
+    ),
+    "xgboost": BackendInfo(
+        name="xgboost",
+        module="rayline.train.xgboost_backend",
+        kinds={
+            "gbdt": frozenset(
+                {
+                    "max_depth", "eta", "learning_rate", "subsample", "colsample_bytree",
+                    "colsample_bylevel", "colsample_bynode", "min_child_weight", "gamma",
+                    "lambda", "alpha", "reg_lambda", "reg_alpha", "max_bin", "tree_method",
+                    "num_boost_round", "early_stopping_rounds", "max_leaves", "grow_policy",
+                    "scale_pos_weight", "checkpoint_every",
+                }
+            )
+        },
+        epoch_based=False,
+        import_returns="",
+    ),
+}
+
+
+def backend_info(framework: str) -> BackendInfo:
+    return BACKENDS[framework]
+
+
+def load_backend(framework: str):
+    """Import the backend module for `framework` and return its `BACKEND` object."""
+    info = BACKENDS[framework]
+    return importlib.import_module(info.module).BACKEND

@@ -1,0 +1,75 @@
+"""The per-worker training protocol shared by every backend: resume, report, checkpoint.
+
+A checkpoint directory holds `model/` (framework files, written by the backend) and
+`rayline_state.json` (epoch, metrics, the per-epoch history and the epochs training
+resumed from). Only rank 0 writes checkpoints; every rank reports, as Ray Train requires.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Callable
+
+__all__ = ["EpochReporter", "STATE_FILE", "MODEL_DIR", "read_state"]
+
+STATE_FILE = "rayline_state.json"
+MODEL_DIR = "model"
+
+
+def read_state(checkpoint_dir: str) -> dict | None:
+    try:
+        with open(os.path.join(checkpoint_dir, STATE_FILE)) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None  # a checkpoint being written, or not ours
+
+
+class EpochReporter:
+    """Restore from Ray Train's latest checkpoint and report each epoch with a checkpoint."""
+
+    def __init__(self):
+        import ray.train
+
+        self._train = ray.train
+        context = ray.train.get_context()
+        self.rank = context.get_world_rank()
+        self.world_size = context.get_world_size()
+        self.history: list[dict] = []
+        self.resumed_from: list[int] = []
+        self.start_epoch = 0
+        self._restore_dir: tempfile.TemporaryDirectory | None = None
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is not None:
+            # Copy locally: the model loads after this returns, and storage may be remote.
+            self._restore_dir = tempfile.TemporaryDirectory(prefix="rayline-restore-")
+            local = checkpoint.to_directory(self._restore_dir.name)
+            state = read_state(local) or {}
+            self.history = state.get("history", [])
+            self.resumed_from = state.get("resumed_from", []) + [state.get("epoch", -1)]
+            self.start_epoch = state.get("epoch", -1) + 1
+
+    @property
+    def restore_model_dir(self) -> str | None:
+        """The model directory to resume from, or None on a fresh start."""
+        return os.path.join(self._restore_dir.name, MODEL_DIR) if self._restore_dir else None
+
+    def report(self, epoch: int, metrics: dict, save_model: Callable[[str], None]) -> None:
+        """Report `metrics` for `epoch` with a checkpoint made by `save_model(dir)` on rank 0."""
+        row = {"epoch": epoch, **{k: float(v) for k, v in metrics.items()}}
+        self.history.append(row)
+        reported = dict(row, resumed=len(self.resumed_from))
+        if self.rank != 0:
+            self._train.report(reported, checkpoint=None)
+            return
+        with tempfile.TemporaryDirectory(prefix="rayline-ckpt-") as tmp:
+            save_model(os.path.join(tmp, MODEL_DIR))
+            state = {"epoch": epoch, "metrics": row, "history": self.history, "resumed_from": self.resumed_from}
+            with open(os.path.join(tmp, STATE_FILE), "w") as fh:
+                json.dump(state, fh)
+            self._train.report(reported, checkpoint=self._train.Checkpoint.from_directory(tmp))
+
+    def close(self) -> None:
+        if self._restore_dir is not None:
+            self._restore_dir.cleanup()

@@ -1,0 +1,154 @@
+"""PyTorch backend: Ray Train TorchTrainer with DistributedDataParallel workers."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from rayline.train.backend import Backend, Predict, import_callable
+from rayline.train.loop import EpochReporter
+from rayline.train.metrics import compute_metrics, softmax
+
+__all__ = ["TorchBackend", "BACKEND", "build_mlp"]
+
+_WEIGHTS = "weights.pt"
+_OPTIMIZER = "optimizer.pt"
+_ARCH = "arch.json"
+
+
+def build_mlp(num_features: int, num_outputs: int, hidden_sizes=(128, 64), dropout: float = 0.0):
+    import torch.nn as nn
+
+    layers: list = []
+    width = num_features
+    for size in hidden_sizes:
+        layers += [nn.Linear(width, int(size)), nn.ReLU()]
+        if dropout:
+            layers.append(nn.Dropout(float(dropout)))
+        width = int(size)
+    layers.append(nn.Linear(width, num_outputs))
+    return nn.Sequential(*layers)
+
+
+def _build(arch: dict):
+    model_spec = arch["model"]
+    if model_spec.get("import"):
+        factory = import_callable(model_spec["import"], arch.get("search_paths", []))
+    else:
+        factory = build_mlp
+    model = factory(arch["num_features"], arch["num_outputs"], **model_spec.get("params", {}))
+    import torch.nn as nn
+
+    if not isinstance(model, nn.Module):
+        from rayline.errors import SpecError
+
+        raise SpecError([f"model.import: {model_spec['import']} returned {type(model).__name__} (allowed: a torch.nn.Module)"])
+    return model
+
+
+def _optimizer(params, spec: dict):
+    import torch
+
+    name = spec["name"]
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=spec["lr"], momentum=spec["momentum"], weight_decay=spec["weight_decay"])
+    cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+    return cls(params, lr=spec["lr"], weight_decay=spec["weight_decay"])
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def train_loop(self, config: dict) -> None:
+        import ray.train
+        import ray.train.torch
+        import torch
+
+        torch.manual_seed(config["seed"])
+        torch.set_num_threads(config["threads"])
+        reporter = EpochReporter()
+        classification = config["task"] == "classification"
+        model = _build(config["arch"])
+        optimizer = _optimizer(model.parameters(), config["optimizer"])
+        if reporter.restore_model_dir:
+            model.load_state_dict(torch.load(os.path.join(reporter.restore_model_dir, _WEIGHTS), weights_only=True))
+            optimizer.load_state_dict(torch.load(os.path.join(reporter.restore_model_dir, _OPTIMIZER), weights_only=True))
+        model = ray.train.torch.prepare_model(model)
+        device = ray.train.torch.get_device()
+        loss_fn = torch.nn.CrossEntropyLoss() if classification else torch.nn.MSELoss()
+        label_dtype = torch.long if classification else torch.float32
+        train_shard = ray.train.get_dataset_shard("train")
+        valid_shard = ray.train.get_dataset_shard("valid")
+        per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
+        dtypes = {"features": torch.float32, "label": label_dtype}
+
+        for epoch in range(reporter.start_epoch, config["epochs"]):
+            model.train()
+            for batch in train_shard.iter_torch_batches(
+                batch_size=per_worker_batch, dtypes=dtypes, device=device,
+                local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
+            ):
+                optimizer.zero_grad(set_to_none=True)
+                out = model(batch["features"])
+                loss = loss_fn(out if classification else out.reshape(-1), batch["label"])
+                loss.backward()
+                optimizer.step()
+
+            model.eval()
+            outputs, labels = [], []
+            with torch.no_grad():
+                for batch in valid_shard.iter_torch_batches(batch_size=1024, dtypes=dtypes, device=device):
+                    outputs.append(model(batch["features"]).cpu().numpy())
+                    labels.append(batch["label"].cpu().numpy())
+            raw = np.concatenate(outputs)
+            metrics = compute_metrics(config["task"], softmax(raw) if classification else raw.reshape(-1), np.concatenate(labels))
+
+            def save(model_dir: str) -> None:
+                os.makedirs(model_dir)
+                inner = model.module if hasattr(model, "module") else model
+                torch.save(inner.state_dict(), os.path.join(model_dir, _WEIGHTS))
+                torch.save(optimizer.state_dict(), os.path.join(model_dir, _OPTIMIZER))
+                with open(os.path.join(model_dir, _ARCH), "w") as fh:
+                    json.dump(config["arch"], fh)
+
+            reporter.report(epoch, metrics, save)
+        reporter.close()
+
+    def make_trainer(self, *, loop_config, scaling_config, run_config, datasets, dataset_config):
+        from ray.train.torch import TorchTrainer
+
+        return TorchTrainer(
+            train_loop_per_worker=self.train_loop,
+            train_loop_config=loop_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=dataset_config,
+        )
+
+    def load(self, model_dir: str, meta: dict) -> Predict:
+        import torch
+
+        with open(os.path.join(model_dir, _ARCH)) as fh:
+            arch = json.load(fh)
+        model = _build(arch)
+        model.load_state_dict(torch.load(os.path.join(model_dir, _WEIGHTS), weights_only=True, map_location="cpu"))
+        model.eval()
+        classification = meta["task"] == "classification"
+
+        def predict(features: np.ndarray) -> np.ndarray:
+            with torch.no_grad():
+                raw = model(torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))).numpy()
+            return softmax(raw) if classification else raw.reshape(-1)
+
+        return predict
+
+    def versions(self) -> dict[str, str]:
+        import torch
+
+        return {"torch": torch.__version__}
+
+
+BACKEND = TorchBackend()
