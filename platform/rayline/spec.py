@@ -335,7 +335,6 @@ class ReplicasSpec(_Strict):
 class ServeSpec(_Strict):
     route: Optional[str] = Field(None, description="HTTP route prefix; default /<name>.")
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
-    max_batch_size: int = Field(1, ge=1, le=4096, description="Instances per request cap is separate; this batches requests.")
     max_instances: int = Field(10_000, ge=1, description="Most instances accepted in one request.")
 
     @field_validator("route")

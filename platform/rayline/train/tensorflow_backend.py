@@ -1,0 +1,283 @@
+"""TensorFlow backend: Ray Train TensorflowTrainer with MultiWorkerMirroredStrategy workers.
+
+Models are tf-keras (Keras 2) models: Keras 3's `model.fit` is broken under
+MultiWorkerMirroredStrategy (keras-team/keras#20585, ray-project/ray#47464), so the
+workers and serving replicas run with TF_USE_LEGACY_KERAS=1, and training is a custom
+loop (`strategy.run` of one tf.function step) rather than `model.fit`: that gives the
+same epochs, per-worker batches, shuffling, optimizer semantics, validation and
+checkpoints as the torch backend.
+
+A model (built-in `mlp` or a `model.import` callable) maps features to logits, like the
+torch backend's; a classifier whose last layer already applies softmax is detected and
+its outputs are used as probabilities. The saved model directory holds `weights.npz`
+(`model.get_weights()`), `optimizer.npz` (optimizer variables, for resume) and
+`arch.json` (how to rebuild the model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from rayline.train.backend import Backend, Predict, import_callable
+from rayline.train.loop import EpochReporter
+from rayline.train.metrics import compute_metrics, softmax
+
+__all__ = ["TensorflowBackend", "BACKEND", "build_mlp"]
+
+_WEIGHTS = "weights.npz"
+_OPTIMIZER = "optimizer.npz"
+_ARCH = "arch.json"
+_ENV = {"TF_USE_LEGACY_KERAS": "1"}
+_PREDICT_BATCH = 8192
+
+
+def _use_legacy_keras() -> None:
+    """tf.keras must mean tf-keras (Keras 2); set before tensorflow is imported."""
+    os.environ.update(_ENV)
+
+
+def build_mlp(num_features: int, num_outputs: int, hidden_sizes=(128, 64), dropout: float = 0.0):
+    """Dense+ReLU(+Dropout) layers and a linear output layer, as torch_backend.build_mlp."""
+    import tf_keras as keras
+
+    layers: list = [keras.Input(shape=(num_features,))]
+    for size in hidden_sizes:
+        layers.append(keras.layers.Dense(int(size), activation="relu"))
+        if dropout:
+            layers.append(keras.layers.Dropout(float(dropout)))
+    layers.append(keras.layers.Dense(num_outputs))
+    return keras.Sequential(layers)
+
+
+def _build(arch: dict):
+    """Build the model of `arch` (call inside a strategy scope when training) with its variables."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from rayline.errors import SpecError
+
+    model_spec = arch["model"]
+    if model_spec.get("import"):
+        factory = import_callable(model_spec["import"], arch.get("search_paths", []))
+    else:
+        factory = build_mlp
+    model = factory(arch["num_features"], arch["num_outputs"], **model_spec.get("params", {}))
+    if not isinstance(model, keras.Model):
+        raise SpecError(
+            [f"model.import: {model_spec.get('import')} returned {type(model).__name__} (allowed: a Keras model (tf_keras.Model))"]
+        )
+    out = model(tf.zeros((1, arch["num_features"]), tf.float32), training=False)  # creates the variables
+    width = int(np.prod(out.shape[1:])) if len(out.shape) > 1 else 1
+    if width != arch["num_outputs"]:
+        raise SpecError(
+            [f"model.import: {model_spec.get('import')} outputs {width} values per row "
+             f"(allowed: {arch['num_outputs']}, one per class, or 1 for regression)"]
+        )
+    return model
+
+
+def _emits_probabilities(model) -> bool:
+    """Whether the model's last layer already applies softmax (else its outputs are logits)."""
+    import tf_keras as keras
+
+    if not getattr(model, "layers", None):
+        return False
+    last = model.layers[-1]
+    if isinstance(last, keras.layers.Softmax):
+        return True
+    return getattr(last, "activation", None) is keras.activations.softmax
+
+
+def _optimizer(spec: dict):
+    """The spec's optimizer; weight_decay is L2 on the gradients for adam and sgd (as torch), decoupled for adamw."""
+    import tf_keras as keras
+
+    name = spec["name"]
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate=spec["lr"], momentum=spec["momentum"])
+    if name == "adamw":
+        return keras.optimizers.AdamW(learning_rate=spec["lr"], weight_decay=spec["weight_decay"], epsilon=1e-8)
+    return keras.optimizers.Adam(learning_rate=spec["lr"], epsilon=1e-8)
+
+
+def _arrays(shard, num_features: int, label_dtype) -> tuple[np.ndarray, np.ndarray]:
+    """All rows of a dataset shard as (features float32 (n, d), labels)."""
+    features, labels = [], []
+    for batch in shard.iter_batches(batch_size=65536, batch_format="numpy"):
+        features.append(np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), -1))
+        labels.append(np.asarray(batch["label"], dtype=label_dtype))
+    if not features:
+        return np.zeros((0, num_features), np.float32), np.zeros((0,), label_dtype)
+    return np.concatenate(features), np.concatenate(labels)
+
+
+def _load_npz(path: str) -> list[np.ndarray]:
+    with np.load(path) as data:
+        return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+def _outputs(raw: np.ndarray, classification: bool, probabilities: bool) -> np.ndarray:
+    if not classification:
+        return raw.reshape(-1)
+    raw = raw.reshape(len(raw), -1)
+    if probabilities:
+        return raw / np.clip(raw.sum(axis=1, keepdims=True), 1e-12, None)
+    return softmax(raw)
+
+
+class TensorflowBackend(Backend):
+    name = "tensorflow"
+
+    def train_loop(self, config: dict) -> None:
+        _use_legacy_keras()
+        import ray.train
+        import tensorflow as tf
+
+        # Threads first: both settings only apply before TF's runtime starts.
+        tf.config.threading.set_intra_op_parallelism_threads(config["threads"])
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, config["threads"]))
+        # Reads TF_CONFIG, which Ray Train's TensorflowConfig set on each worker.
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        import tf_keras as keras
+
+        keras.utils.set_random_seed(config["seed"])
+        reporter = EpochReporter()
+        classification = config["task"] == "classification"
+        arch = config["arch"]
+        num_features = arch["num_features"]
+        replicas = strategy.num_replicas_in_sync
+        opt_spec = config["optimizer"]
+        l2 = 0.0 if opt_spec["name"] == "adamw" else float(opt_spec["weight_decay"])
+
+        with strategy.scope():
+            # Variables are created here: MWMS broadcasts rank 0's initial values.
+            model = _build(arch)
+            optimizer = _optimizer(opt_spec)
+            optimizer.build(model.trainable_variables)
+            if reporter.restore_model_dir:
+                model.set_weights(_load_npz(os.path.join(reporter.restore_model_dir, _WEIGHTS)))
+                saved = os.path.join(reporter.restore_model_dir, _OPTIMIZER)
+                values = _load_npz(saved) if os.path.exists(saved) else []
+                variables = list(optimizer.variables)
+                if len(values) == len(variables) and all(v.shape == tuple(a.shape) for v, a in zip(variables, values)):
+                    for var, value in zip(variables, values):
+                        var.assign(value)
+        probabilities = classification and _emits_probabilities(model)
+        label_dtype = np.int64 if classification else np.float32
+        tf_label = tf.int64 if classification else tf.float32
+
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                out = model(x, training=True)
+                if classification:
+                    per_row = keras.losses.sparse_categorical_crossentropy(y, out, from_logits=not probabilities)
+                else:
+                    per_row = tf.square(tf.reshape(out, [-1]) - y)
+                loss = tf.reduce_mean(per_row)
+                if model.losses:
+                    loss += tf.add_n(model.losses)
+                # Gradients are summed over replicas: each adds its share of the global mean
+                # (equal shards and per-worker batches make every local batch the same size).
+                scaled = loss / replicas
+            variables = model.trainable_variables
+            grads = tape.gradient(scaled, variables)
+            pairs = [
+                (g + (l2 / replicas) * v if l2 else g, v) for g, v in zip(grads, variables) if g is not None
+            ]
+            optimizer.apply_gradients(pairs)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, num_features], tf.float32), tf.TensorSpec([None], tf_label)])
+        def train_step(x, y):
+            strategy.run(replica_step, args=(x, y))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, num_features], tf.float32)])
+        def infer(x):
+            return model(x, training=False)
+
+        train_shard = ray.train.get_dataset_shard("train")
+        # "valid" is not split: every worker holds all of it, and every worker evaluates
+        # it (reading variables can be a collective op, so all ranks must).
+        valid_x, valid_y = _arrays(ray.train.get_dataset_shard("valid"), num_features, label_dtype)
+        per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
+
+        for epoch in range(reporter.start_epoch, config["epochs"]):
+            # Ray's split is equal=True: every worker runs the same number of steps,
+            # which MultiWorkerMirroredStrategy's collectives require.
+            for batch in train_shard.iter_batches(
+                batch_size=per_worker_batch, batch_format="numpy",
+                local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
+            ):
+                x = np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), num_features)
+                train_step(tf.constant(x), tf.constant(np.asarray(batch["label"], dtype=label_dtype)))
+
+            raw = np.concatenate(
+                [infer(tf.constant(valid_x[i:i + _PREDICT_BATCH])).numpy() for i in range(0, len(valid_x), _PREDICT_BATCH)]
+            ) if len(valid_x) else np.zeros((0, arch["num_outputs"]), np.float32)
+            metrics = compute_metrics(config["task"], _outputs(raw, classification, probabilities), valid_y)
+
+            # Snapshot on every rank (reads may be collectives); rank 0 writes it.
+            weights = model.get_weights()
+            optimizer_state = [np.asarray(v.numpy()) for v in optimizer.variables]
+
+            def save(model_dir: str) -> None:
+                os.makedirs(model_dir)
+                np.savez(os.path.join(model_dir, _WEIGHTS), *weights)
+                np.savez(os.path.join(model_dir, _OPTIMIZER), *optimizer_state)
+                with open(os.path.join(model_dir, _ARCH), "w") as fh:
+                    json.dump(arch, fh)
+
+            reporter.report(epoch, metrics, save)
+        reporter.close()
+
+    def make_trainer(self, *, loop_config, scaling_config, run_config, datasets, dataset_config):
+        from ray.train.tensorflow import TensorflowTrainer
+
+        return TensorflowTrainer(
+            train_loop_per_worker=self.train_loop,
+            train_loop_config=loop_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=dataset_config,
+        )
+
+    def load(self, model_dir: str, meta: dict) -> Predict:
+        _use_legacy_keras()
+        import tensorflow as tf
+
+        with open(os.path.join(model_dir, _ARCH)) as fh:
+            arch = json.load(fh)
+        model = _build(arch)
+        model.set_weights(_load_npz(os.path.join(model_dir, _WEIGHTS)))
+        classification = meta["task"] == "classification"
+        probabilities = classification and _emits_probabilities(model)
+        num_features = arch["num_features"]
+
+        @tf.function(input_signature=[tf.TensorSpec([None, num_features], tf.float32)])
+        def infer(x):
+            return model(x, training=False)
+
+        def predict(features: np.ndarray) -> np.ndarray:
+            x = np.ascontiguousarray(features, dtype=np.float32).reshape(len(features), num_features)
+            if not len(x):
+                return _outputs(np.zeros((0, arch["num_outputs"]), np.float32), classification, probabilities)
+            raw = np.concatenate([infer(tf.constant(x[i:i + _PREDICT_BATCH])).numpy() for i in range(0, len(x), _PREDICT_BATCH)])
+            return _outputs(raw, classification, probabilities)
+
+        return predict
+
+    def versions(self) -> dict[str, str]:
+        _use_legacy_keras()
+        import tensorflow as tf
+        import tf_keras
+
+        return {"tensorflow": tf.__version__, "tf_keras": tf_keras.__version__}
+
+    def worker_env(self) -> dict[str, str]:
+        return dict(_ENV)
+
+
+BACKEND = TensorflowBackend()
