@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from rayline.errors import SpecError
 from rayline.train.catalog import BACKENDS
@@ -146,7 +146,20 @@ class MinMaxScaleStep(_Strict):
 
 
 PREPROCESS_KINDS = ("impute", "one_hot", "standard_scale", "min_max_scale")
-PreprocessStep = Union[ImputeStep, OneHotStep, StandardScaleStep, MinMaxScaleStep]
+_STEP_MODELS = {"impute": ImputeStep, "one_hot": OneHotStep, "standard_scale": StandardScaleStep, "min_max_scale": MinMaxScaleStep}
+
+
+def _step_tag(value: Any) -> str | None:
+    if isinstance(value, dict) and len(value) == 1:
+        return _STEP_MODELS[next(iter(value))].__name__ if next(iter(value)) in _STEP_MODELS else None
+    return type(value).__name__ if isinstance(value, tuple(_STEP_MODELS.values())) else None
+
+
+# Tagged by the step's one key, so a bad step reports only its own problems.
+PreprocessStep = Annotated[
+    Union[tuple(Annotated[m, Tag(m.__name__)] for m in _STEP_MODELS.values())],
+    Discriminator(_step_tag),
+]
 
 
 class DataSpec(_Strict):
@@ -520,12 +533,14 @@ def _format_error(err: dict) -> str:
     if kind == "value_error":
         msg = msg.removeprefix("Value error, ")
         # Our validators start with a relative sub-path ("name: ..." or "[0]: ...").
+        # Top-level validators already give full paths.
         m = re.match(r"^(\[\d+\]|[\w.]+)(:\s)", msg)
-        if m and (m.group(1).startswith("[") or not msg.startswith(tuple(("train.", "tune.space")))):
+        if not path:
+            return msg
+        if m:
             sub = m.group(1)
-            joined = f"{path}{sub}" if sub.startswith("[") else (f"{path}.{sub}" if path else sub)
-            return f"{joined}: {msg[m.end():]}"
-        return f"{path}: {msg}" if path and not msg.startswith(("train.", "tune.")) else msg
+            return f"{path}{sub if sub.startswith('[') else '.' + sub}: {msg[m.end():]}"
+        return f"{path}: {msg}"
     return f"{path}: {msg} (got {_short(got)})"
 
 
@@ -541,16 +556,12 @@ def _allowed_keys(loc: list[str]) -> list[str]:
     for part in loc:
         if part.isdigit():
             continue
-        fields = getattr(node, "model_fields", None)
-        if not fields:
-            return []
-        if part not in fields:
-            # a preprocessing step: the step's parameter model
-            step = {"impute": ImputeParams, "one_hot": OneHotParams, "standard_scale": ScaleParams, "min_max_scale": ScaleParams}.get(part)
-            if step is None:
-                return []
-            node = step
+        if part in _STEP_MODELS and loc[0] == "data":
+            node = _model_class(_STEP_MODELS[part].model_fields[part].annotation)  # the step's parameters
             continue
+        fields = getattr(node, "model_fields", None)
+        if not fields or part not in fields:
+            return []
         node = _model_class(fields[part].annotation)
         if typing.get_origin(fields[part].annotation) is list:
             args = typing.get_args(fields[part].annotation)

@@ -159,7 +159,9 @@ def _apply_one_hot(frame: pd.DataFrame, step: dict) -> pd.DataFrame:
         values = frame[col]
         keys = values.map(_key)
         if step["handle_unknown"] == "error":
-            unseen = sorted({str(v) for v, known in zip(values, keys.isin([_key(c) for c in categories])) if not known})
+            # Nulls encode as all zeros; the request schema rejects them unless imputed.
+            known = keys.isin([_key(c) for c in categories]) | values.isna()
+            unseen = sorted({str(v) for v, ok in zip(values, known) if not ok})
             if unseen:
                 raise DataError(
                     f"{col}: category not seen in training (got {unseen[0]!r}; allowed: {', '.join(map(str, categories))})"
@@ -193,72 +195,141 @@ _APPLY = {
 }
 
 
-# ---------------------------------------------------------------- fitting (Ray Data aggregations)
+# ---------------------------------------------------------------- fitting
 
 
-def fit_preprocessing(train_ds, features: list[FeatureInfo], label: LabelInfo, steps_spec: list) -> FittedPreprocessing:
-    """Fit each step, in order, on the train split only; return the fitted state."""
-    from ray.data.aggregate import Max, Mean, Min, Quantile, Std
+class _DatasetStats:
+    """Statistics of a Ray Dataset via Ray Data aggregations (distributed)."""
 
+    def __init__(self, ds):
+        self.ds = ds.materialize()
+
+    def _agg(self, agg):
+        value = next(iter(self.ds.aggregate(agg).values()))
+        return None if value is None or _isnan(value) else float(value)
+
+    def mean(self, col):
+        from ray.data.aggregate import Mean
+
+        return self._agg(Mean(col, ignore_nulls=True))
+
+    def median(self, col):
+        from ray.data.aggregate import Quantile
+
+        return self._agg(Quantile(on=col, q=0.5, ignore_nulls=True))
+
+    def std(self, col):
+        from ray.data.aggregate import Std
+
+        return self._agg(Std(col, ddof=0, ignore_nulls=True))
+
+    def min(self, col):
+        from ray.data.aggregate import Min
+
+        return self._agg(Min(col, ignore_nulls=True))
+
+    def max(self, col):
+        from ray.data.aggregate import Max
+
+        return self._agg(Max(col, ignore_nulls=True))
+
+    def unique(self, col):
+        return [c for c in self.ds.unique(col, ignore_nulls=True) if not _isnan(c)]
+
+    def value_counts(self, col):
+        rows = self.ds.groupby(col).count().take_all()
+        return [(r[col], r["count()"]) for r in rows if r[col] is not None and not _isnan(r[col])]
+
+    def apply(self, step):
+        return _DatasetStats(self.ds.map_batches(_StepApplier(step), batch_format="pandas"))
+
+
+class _FrameStats:
+    """The same statistics of a pandas frame (unit tests, small local data)."""
+
+    def __init__(self, frame: pd.DataFrame):
+        self.frame = frame
+
+    def _num(self, value):
+        return None if value is None or _isnan(float(value)) else float(value)
+
+    def mean(self, col):
+        return self._num(self.frame[col].mean())
+
+    def median(self, col):
+        return self._num(self.frame[col].median())
+
+    def std(self, col):
+        return self._num(self.frame[col].std(ddof=0))
+
+    def min(self, col):
+        return self._num(self.frame[col].min())
+
+    def max(self, col):
+        return self._num(self.frame[col].max())
+
+    def unique(self, col):
+        return list(self.frame[col].dropna().unique())
+
+    def value_counts(self, col):
+        return list(self.frame[col].dropna().value_counts().items())
+
+    def apply(self, step):
+        return _FrameStats(_APPLY[step["kind"]](self.frame.copy(), step))
+
+
+def fit_preprocessing(train, features: list[FeatureInfo], label: LabelInfo, steps_spec: list) -> FittedPreprocessing:
+    """Fit each step, in order, on the train split only (a Ray Dataset or a pandas frame)."""
     fitted = FittedPreprocessing(features=[FeatureInfo(**asdict(f)) for f in features], label=label)
     by_name = {f.name: f for f in fitted.features}
     numeric = [f.name for f in fitted.features if f.kind in ("integer", "number", "boolean")]
-    current = train_ds.select_columns([f.name for f in fitted.features]).materialize()
+    names = [f.name for f in fitted.features]
+    stats = _FrameStats(train[names].copy()) if isinstance(train, pd.DataFrame) else _DatasetStats(train.select_columns(names))
 
     for index, step_model in enumerate(steps_spec):
         kind, params = next(iter(step_model.model_dump().items()))
         where = f"data.preprocess[{index}].{kind}"
-        columns = numeric if params["columns"] == "numeric" else params["columns"]
-        _check_columns(where, columns, by_name, numeric if kind != "one_hot" and kind != "impute" else None)
+        columns = list(numeric) if params["columns"] == "numeric" else params["columns"]
+        needs_numeric = kind in ("standard_scale", "min_max_scale") or (
+            kind == "impute" and params["strategy"] in ("mean", "median"))
+        _check_columns(where, columns, by_name, numeric if needs_numeric else None)
         step: dict[str, Any] = {"kind": kind}
         if kind == "impute":
             strategy = params["strategy"]
-            if strategy in ("mean", "median"):
-                _check_columns(where, columns, by_name, numeric)
             fill = {}
             for col in columns:
                 if strategy == "constant":
-                    fill[col] = params["value"]
+                    value = params["value"]
                 elif strategy == "most_frequent":
-                    counts = current.groupby(col).count().take_all()
-                    counts = [r for r in counts if r[col] is not None and not _isnan(r[col])]
-                    if not counts:
-                        raise DataError(f"{where}: column {col!r} has no values in the train split to impute from")
-                    best = min(counts, key=lambda r: (-r["count()"], _rank(r[col])))
-                    fill[col] = _key(best[col])
+                    counts = stats.value_counts(col)
+                    value = _key(min(counts, key=lambda kv: (-kv[1], _rank(_key(kv[0]))))[0]) if counts else None
                 else:
-                    agg = Mean(col, ignore_nulls=True) if strategy == "mean" else Quantile(on=col, q=0.5, ignore_nulls=True)
-                    value = next(iter(current.aggregate(agg).values()))
-                    if value is None or _isnan(value):
-                        raise DataError(f"{where}: column {col!r} has no values in the train split to impute from")
-                    fill[col] = float(value)
+                    value = stats.mean(col) if strategy == "mean" else stats.median(col)
+                if value is None:
+                    raise DataError(f"{where}: column {col!r} has no values in the train split to impute from")
+                fill[col] = value
                 by_name[col].nullable = True
             step["fill"] = fill
         elif kind == "one_hot":
             step["handle_unknown"] = params["handle_unknown"]
             step["categories"] = {}
             for col in columns:
-                cats = [c for c in current.unique(col, ignore_nulls=True) if not _isnan(c)]
-                cats = sorted((_key(c) for c in cats), key=_rank)
+                cats = sorted({_key(c) for c in stats.unique(col)}, key=_rank)
                 step["categories"][col] = cats
                 by_name[col].categories = cats
                 by_name[col].unknown = params["handle_unknown"]
                 if col in numeric:
                     numeric.remove(col)
         else:
-            stats = {}
+            pairs = {}
             for col in columns:
-                if kind == "standard_scale":
-                    res = current.aggregate(Mean(col, ignore_nulls=True), Std(col, ddof=0, ignore_nulls=True))
-                else:
-                    res = current.aggregate(Min(col, ignore_nulls=True), Max(col, ignore_nulls=True))
-                a, b = (float(v) if v is not None else float("nan") for v in res.values())
-                if _isnan(a) or _isnan(b):
+                a, b = (stats.mean(col), stats.std(col)) if kind == "standard_scale" else (stats.min(col), stats.max(col))
+                if a is None or b is None:
                     raise DataError(f"{where}: column {col!r} has no values in the train split")
-                stats[col] = [a, b]
-            step["stats"] = stats
+                pairs[col] = [a, b]
+            step["stats"] = pairs
         fitted.steps.append(step)
-        current = current.map_batches(_StepApplier(step), batch_format="pandas").materialize()
+        stats = stats.apply(step)
 
     strings = [f.name for f in fitted.features if f.kind == "string" and f.categories is None]
     if strings:

@@ -1,0 +1,283 @@
+"""The `rayline` command: parse, load the spec, call one library function, render.
+
+Heavy imports (Ray, MLflow, frameworks) happen inside commands, so `rayline --help` is fast.
+Every `RaylineError` is printed as a message with its exit code; never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rayline.errors import RaylineError, SpecError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="rayline",
+    help="One YAML spec to a served model: Ray Data -> Ray Train -> Ray Tune -> MLflow -> Ray Serve.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+cluster_app = typer.Typer(help="A local Ray head on this machine that outlives the CLI.", no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
+
+console = Console()
+err_console = Console(stderr=True)
+
+WorkspaceOpt = typer.Option(None, "--workspace", "-w", envvar="RAYLINE_WORKSPACE",
+                            help="State directory (MLflow store, artifacts, runs). Default ./.rayline.")
+
+
+def _ws(path: Optional[Path]):
+    from rayline.workspace import workspace
+
+    return workspace(path)
+
+
+@app.command()
+def validate(specs: List[Path] = typer.Argument(..., help="Pipeline spec files.")) -> None:
+    """Check specs (keys, types, values, search-space paths, data columns) without running anything."""
+    from rayline.spec import load_spec
+
+    failed = 0
+    for path in specs:
+        try:
+            spec = load_spec(path)
+        except SpecError as exc:
+            failed += 1
+            err_console.print(f"[red]✗[/red] {exc}", markup=True, highlight=False)
+            continue
+        console.print(f"[green]✓[/green] {path}: {spec.name} ({spec.model.framework}"
+                      f"{', tune ' + str(spec.tune.num_samples) + ' trials' if spec.tune else ''}"
+                      f"{', served at ' + spec.route if spec.serve else ''})", highlight=False)
+    if failed:
+        raise typer.Exit(2)
+
+
+@app.command()
+def schema() -> None:
+    """Print the pipeline spec's JSON Schema (for editor completion)."""
+    from rayline.spec import spec_json_schema
+
+    print(json.dumps(spec_json_schema(), indent=2))
+
+
+@app.command()
+def run(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Pipeline spec file."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS, "
+                                          "a head from `rayline cluster up`, else an embedded Ray)."),
+    workspace: Optional[Path] = WorkspaceOpt,
+    host: str = typer.Option("127.0.0.1", help="HTTP host for Ray Serve."),
+    port: int = typer.Option(8000, help="HTTP port for Ray Serve."),
+    no_serve: bool = typer.Option(False, "--no-serve", help="Train and register only."),
+    exit_after_deploy: bool = typer.Option(False, "--exit-after-deploy",
+                                           help="With an embedded Ray, stop after deploying instead of serving until Ctrl-C."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Ray's own logs."),
+) -> None:
+    """Run every stage the spec names: data, train or tune, register, deploy."""
+    from rayline.spec import load_spec
+
+    spec = load_spec(spec_path)
+    ws = _ws(workspace)
+    from rayline.cluster import connect
+
+    with console.status("connecting to Ray..."):
+        conn = connect(ws, address, verbose=verbose)
+    try:
+        summary = _run_with_progress(spec, ws, str(spec_path), not no_serve, host, port)
+        _print_summary(summary, spec)
+        if summary.endpoint and conn.embedded and not exit_after_deploy:
+            console.print(f"\nServing [bold]{summary.endpoint}[/bold] from an embedded Ray. Press Ctrl-C to stop.")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                console.print("stopping...")
+        elif summary.endpoint and not conn.embedded:
+            console.print(f"\nThe endpoint stays up on the cluster at {conn.address}.")
+    finally:
+        conn.shutdown()
+
+
+def _run_with_progress(spec, ws, spec_path, deploy, host, port):
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from rayline.runner import run_pipeline
+
+    stages = ["data", "train", "register"] + (["deploy"] if deploy and spec.serve else [])
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
+        tasks = {s: progress.add_task(f"[dim]{s}[/dim]", total=1, start=False) for s in stages}
+
+        def on_stage(stage: str, event: str, detail: str = "") -> None:
+            task = tasks.get(stage)
+            if task is None:
+                return
+            if event == "start":
+                progress.start_task(task)
+                progress.update(task, description=f"[bold]{stage}[/bold] {detail}")
+            else:
+                progress.update(task, completed=1, description=f"[green]✓ {stage}[/green] {detail}")
+                progress.stop_task(task)
+
+        return run_pipeline(spec, ws, spec_path=spec_path, deploy=deploy, host=host, port=port, on_stage=on_stage)
+
+
+def _print_summary(summary, spec) -> None:
+    table = Table(title=f"{summary.name} v{summary.version} ({summary.task})", show_header=True)
+    table.add_column("metric")
+    table.add_column("valid (best epoch)", justify="right")
+    table.add_column("test", justify="right")
+    for key in sorted(summary.test_metrics):
+        valid = summary.valid_metrics.get(key)
+        table.add_row(key + (" *" if key == summary.metric else ""), f"{valid:.4f}" if valid is not None else "",
+                      f"{summary.test_metrics[key]:.4f}")
+    console.print(table)
+    if len(summary.trials) > 1:
+        trials = Table(title="trials", show_header=True)
+        trials.add_column("trial")
+        trials.add_column("overrides")
+        trials.add_column(summary.metric, justify="right")
+        trials.add_column("epochs", justify="right")
+        trials.add_column("status")
+        for t in summary.trials:
+            score = t.result.metrics.get(summary.metric) if t.result else None
+            trials.add_row(t.trial_id, json.dumps(t.overrides), f"{score:.4f}" if score is not None else "-",
+                           str(len(t.result.history)) if t.result else "-", t.status)
+        console.print(trials)
+    console.print(f"registered: model [bold]{summary.name}[/bold] version [bold]{summary.version}[/bold] (MLflow run {summary.run_id})")
+    if summary.resumed_from:
+        console.print(f"resumed after failures from epochs {summary.resumed_from}")
+    if summary.endpoint:
+        example = _example_instance(spec)
+        body = json.dumps({"instances": [example]})
+        console.print(f"endpoint: [bold]{summary.endpoint}[/bold]  (docs: {summary.endpoint}/docs)")
+        console.print("try:", highlight=False)
+        print(f"  curl -s -X POST {summary.endpoint}/predict -H 'Content-Type: application/json' -d '{body}'")
+
+
+def _example_instance(spec) -> dict:
+    """One real row of the spec's data, as a request instance."""
+    try:
+        from rayline.data.sources import sample_frame
+
+        frame = sample_frame(spec.data.source)
+        features = spec.data.features or [c for c in frame.columns if c != spec.data.label]
+        row = frame[features].iloc[0].to_dict()
+        return {k: (None if v != v else (v.item() if hasattr(v, "item") else v)) for k, v in row.items()}
+    except Exception:
+        return {}
+
+
+@app.command()
+def predict(
+    target: str = typer.Argument(..., metavar="ROUTE_OR_URL", help="/route on this machine's Serve, or a full URL."),
+    json_body: Optional[str] = typer.Option(None, "--json", help='Instances as JSON: \'{"instances": [...]}\' or a list of rows.'),
+    input_file: Optional[Path] = typer.Option(None, "--input", help="Rows from a .csv, .parquet or .jsonl file."),
+    probabilities: bool = typer.Option(False, "--probabilities", help="Also return class probabilities."),
+    output: str = typer.Option("table", "--output", "-o", help="table | json"),
+    host: str = typer.Option("127.0.0.1", help="Serve host when ROUTE_OR_URL is a route."),
+    port: int = typer.Option(8000, help="Serve port when ROUTE_OR_URL is a route."),
+    timeout: float = typer.Option(60.0, help="Seconds to wait for the endpoint."),
+) -> None:
+    """Send rows to a served model and show its predictions."""
+    from rayline.serve.client import load_instances, post_predict
+
+    if output not in ("table", "json"):
+        raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json)")
+    instances = load_instances(json_body, input_file)
+    url = target if target.startswith(("http://", "https://")) else f"http://{host}:{port}{target if target.startswith('/') else '/' + target}"
+    result = post_predict(url, instances, probabilities, timeout)
+    if output == "json":
+        print(json.dumps(result, indent=2))
+        return
+    table = Table(title=f"{result.get('model')} v{result.get('version')}")
+    table.add_column("#", justify="right")
+    table.add_column("prediction")
+    if result.get("probabilities"):
+        table.add_column("probability", justify="right")
+    for i, pred in enumerate(result["predictions"]):
+        row = [str(i), str(pred)]
+        if result.get("probabilities"):
+            row.append(f"{result['probabilities'][i].get(str(pred), 0):.4f}")
+        table.add_row(*row)
+    console.print(table)
+
+
+@app.command()
+def models(name: Optional[str] = typer.Argument(None, help="A model name; default: every model."),
+           workspace: Optional[Path] = WorkspaceOpt,
+           output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
+    """Registered models, their versions and metrics."""
+    from rayline.registry import Registry
+
+    versions = Registry(_ws(workspace)).list_models(name)
+    if output == "json":
+        print(json.dumps([v.__dict__ for v in versions], indent=2, default=str))
+        return
+    table = Table(title="registered models")
+    for col in ("model", "version", "framework", "created", "test metrics"):
+        table.add_column(col)
+    for v in versions:
+        test = ", ".join(f"{k[5:]}={val:.4f}" for k, val in sorted(v.metrics.items()) if k.startswith("test_") and k != "test_log_loss")
+        table.add_row(v.name, v.version, v.framework, v.created, test)
+    if not versions:
+        console.print("no registered models yet: run `rayline run SPEC`")
+        return
+    console.print(table)
+
+
+@cluster_app.command("up")
+def cluster_up(workspace: Optional[Path] = WorkspaceOpt,
+               port: int = typer.Option(6379, help="GCS port of the head."),
+               num_cpus: Optional[int] = typer.Option(None, help="Logical CPUs (default: all cores).")) -> None:
+    """Start a local Ray head that outlives this command."""
+    from rayline.cluster import cluster_up as up
+
+    info = up(_ws(workspace), port, num_cpus)
+    verb = "started" if info["started"] else "already running"
+    console.print(f"Ray head {verb} at {info['address']}; `rayline run` will use it.")
+
+
+@cluster_app.command("down")
+def cluster_down(workspace: Optional[Path] = WorkspaceOpt) -> None:
+    """Stop the local Ray head started by `rayline cluster up`."""
+    from rayline.cluster import cluster_down as down
+
+    console.print("stopped the local Ray head" if down(_ws(workspace)) else "no local Ray head recorded")
+
+
+@cluster_app.command("status")
+def cluster_status(workspace: Optional[Path] = WorkspaceOpt) -> None:
+    """Whether the local Ray head is up, and its resources."""
+    from rayline.cluster import cluster_status as status
+
+    info = status(_ws(workspace))
+    if not info["alive"]:
+        console.print("no local Ray head is running" + (f" (recorded {info['address']} is unreachable)" if info["address"] else ""))
+        raise typer.Exit(1)
+    console.print(f"Ray head at {info['address']}\n{info.get('detail', '')}")
+
+
+def main() -> None:
+    try:
+        app()
+    except RaylineError as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""The request model generated from the training feature schema."""
+
+import pytest
+from pydantic import ValidationError
+
+from rayline.data.preprocess import FeatureInfo, FittedPreprocessing, LabelInfo
+from rayline.serve.schema import build_request_model
+
+PRE = FittedPreprocessing(
+    features=[
+        FeatureInfo("age", "number", nullable=True),
+        FeatureInfo("fee", "integer"),
+        FeatureInfo("plan", "string", categories=["basic", "pro"], unknown="error"),
+        FeatureInfo("region", "string", categories=["eu", "us"], unknown="ignore"),
+        FeatureInfo("active", "boolean"),
+    ],
+    label=LabelInfo("churn", "classification", ["no", "yes"]),
+)
+GOOD = {"age": 30.5, "fee": 10, "plan": "pro", "region": "asia", "active": True}
+Request = build_request_model(PRE, max_instances=3)
+
+
+def _errors(instances, **extra):
+    with pytest.raises(ValidationError) as info:
+        Request.model_validate({"instances": instances, **extra})
+    return [(tuple(e["loc"]), e["type"]) for e in info.value.errors()]
+
+
+def test_valid_request_keeps_feature_names():
+    body = Request.model_validate({"instances": [GOOD, {**GOOD, "age": None}], "probabilities": True})
+    assert body.instances[0].model_dump(by_alias=True) == GOOD
+    assert body.probabilities is True
+
+
+def test_imputed_feature_may_be_omitted():
+    row = {k: v for k, v in GOOD.items() if k != "age"}
+    assert Request.model_validate({"instances": [row]}).instances[0].model_dump(by_alias=True)["age"] is None
+
+
+@pytest.mark.parametrize("row, loc, kind", [
+    ({k: v for k, v in GOOD.items() if k != "fee"}, ("instances", 0, "fee"), "missing"),
+    ({**GOOD, "colour": "red"}, ("instances", 0, "colour"), "extra_forbidden"),
+    ({**GOOD, "fee": "10"}, ("instances", 0, "fee"), "float_type"),
+    ({**GOOD, "fee": True}, ("instances", 0, "fee"), "float_type"),
+    ({**GOOD, "fee": None}, ("instances", 0, "fee"), "float_type"),
+    ({**GOOD, "plan": "enterprise"}, ("instances", 0, "plan"), "literal_error"),
+    ({**GOOD, "region": 3}, ("instances", 0, "region"), "string_type"),
+    ({**GOOD, "active": "yes"}, ("instances", 0, "active"), "bool_type"),
+])
+def test_bad_instances_name_the_field(row, loc, kind):
+    assert (loc, kind) in _errors([row])
+
+
+def test_empty_too_many_and_unknown_top_level_keys():
+    assert _errors([]) == [(("instances",), "too_short")]
+    assert _errors([GOOD] * 4) == [(("instances",), "too_long")]
+    assert (("extra",), "extra_forbidden") in _errors([GOOD], extra=1)

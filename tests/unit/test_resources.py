@@ -1,0 +1,37 @@
+"""Resource planning: fits the cluster or fails fast naming the resource."""
+
+import pytest
+
+from rayline.errors import ResourceError
+from rayline.resources import plan_resources
+from rayline.spec import TrainSpec
+
+
+def test_two_core_machine_shares_cpus_between_trials():
+    plan = plan_resources(TrainSpec(workers=2), {"CPU": 2.0}, wanted_concurrency=2)
+    assert plan.concurrent_trials == 2 and plan.cpus_per_worker == 0.5
+    assert plan.concurrent_trials * 2 * plan.cpus_per_worker <= 2.0
+
+
+def test_big_machine_caps_at_one_cpu_per_worker():
+    assert plan_resources(TrainSpec(workers=4), {"CPU": 64.0}).cpus_per_worker == 1.0
+
+
+def test_concurrency_lowered_rather_than_starving_workers():
+    plan = plan_resources(TrainSpec(workers=8), {"CPU": 1.0}, wanted_concurrency=4)
+    assert plan.concurrent_trials == 1 and plan.cpus_per_worker >= 0.1
+
+
+def test_gpu_shortage_fails_fast_naming_gpus():
+    with pytest.raises(ResourceError, match=r"train.use_gpu: 2 workers need 2 GPUs; the cluster has 0 available"):
+        plan_resources(TrainSpec(workers=2, use_gpu=True), {"CPU": 8.0})
+
+
+def test_explicit_cpus_that_cannot_fit_fail_fast():
+    with pytest.raises(ResourceError, match=r"train.cpus_per_worker: 4 workers x 1 CPUs need 4 CPUs; the cluster has 2 available"):
+        plan_resources(TrainSpec(workers=4, cpus_per_worker=1), {"CPU": 2.0})
+
+
+def test_too_many_workers_for_the_cluster_fail_fast():
+    with pytest.raises(ResourceError, match=r"train.workers: 64 workers need at least 6.4 CPUs"):
+        plan_resources(TrainSpec(workers=64), {"CPU": 2.0})

@@ -1,0 +1,161 @@
+"""Spec validation: good specs load; each bad spec names the path, the bad value and what is allowed."""
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rayline.errors import SpecError
+from rayline.spec import apply_overrides, load_spec, parse_spec, spec_json_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINES = sorted((ROOT / "pipelines").glob("*.yaml"))
+BASE = yaml.safe_load((ROOT / "pipelines" / "digits-torch.yaml").read_text())
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.name)
+def test_reference_pipelines_validate(path):
+    spec = load_spec(path)
+    assert spec.name == yaml.safe_load(path.read_text())["name"]
+
+
+def _mutated(change):
+    raw = copy.deepcopy(BASE)
+    change(raw)
+    return raw
+
+
+BAD_SPECS = {
+    "unknown top-level key": (lambda d: d.update(nmae="x"), ["nmae: unknown key (got 'nmae'; allowed: name, data,", "did you mean 'name'?"]),
+    "misspelt train key": (lambda d: d["train"].update(epocs=3), ["train.epocs: unknown key", "did you mean 'epochs'?"]),
+    "unknown framework": (lambda d: d["model"].update(framework="jax"), ["model.framework:", "(got 'jax')", "'torch', 'tensorflow' or 'xgboost'"]),
+    "zero workers": (lambda d: d["train"].update(workers=0), ["train.workers:", "greater than or equal to 1", "(got 0)"]),
+    "negative lr": (lambda d: d["train"]["optimizer"].update(lr=-1), ["train.optimizer.lr:", "greater than 0", "(got -1)"]),
+    "bad name": (lambda d: d.update(name="Digits_1"), ["name: lowercase letters", "(got 'Digits_1'"]),
+    "unknown sklearn set": (lambda d: d["data"]["source"].update(name="mnist"), ["data.source.name: unknown sklearn dataset (got 'mnist'; allowed: iris, digits"]),
+    "space path typo": (lambda d: d["tune"]["space"].update({"train.optimizer.lrr": {"uniform": [0.1, 0.2]}}),
+                        ["tune.space.train.optimizer.lrr: no field 'lrr' in train.optimizer", "did you mean 'train.optimizer.lr'?"]),
+    "space unknown model param": (lambda d: d["tune"]["space"].update({"model.params.depth": {"choice": [1, 2]}}),
+                                  ["tune.space.model.params.depth: no such parameter for torch mlp (got 'depth'; allowed: model.params.dropout, model.params.hidden_sizes)"]),
+    "unknown distribution": (lambda d: d["tune"]["space"].update({"train.epochs": {"normal": [1, 2]}}),
+                             ["tune.space.train.epochs: a distribution is one of", "(got {'normal': [1, 2]}; allowed: loguniform, uniform, randint, choice, grid)"]),
+    "loguniform from zero": (lambda d: d["tune"]["space"].update({"train.optimizer.lr": {"loguniform": [0, 1]}}),
+                             ["tune.space.train.optimizer.lr.loguniform: needs [low, high] with low < high and low > 0 (got [0, 1])"]),
+    "route without slash": (lambda d: d["serve"].update(route="digits"), ["serve.route: must start with '/'", "(got 'digits'"]),
+    "replicas min > max": (lambda d: d["serve"]["replicas"].update(min=3, max=2), ["serve.replicas.max: must be >= min (got max=2, min=3)"]),
+    "unknown preprocessing step": (lambda d: d["data"]["preprocess"].append({"normalize": {"columns": "numeric"}}),
+                                   ["data.preprocess[1]: unknown preprocessing step (got 'normalize'; allowed: impute, one_hot, standard_scale, min_max_scale)"]),
+    "bad impute strategy": (lambda d: d["data"]["preprocess"].append({"impute": {"columns": ["a"], "strategy": "avg"}}),
+                            ["data.preprocess[1].impute.strategy:", "(got 'avg')", "'mean', 'median', 'most_frequent' or 'constant'"]),
+    "misspelt one_hot key": (lambda d: d["data"]["preprocess"].append({"one_hot": {"columns": ["a"], "unknown": "x"}}),
+                             ["data.preprocess[1].one_hot.unknown: unknown key (got 'unknown'; allowed: columns, handle_unknown)"]),
+    "regression metric on classification": (lambda d: d["train"].update(metric="rmse"),
+                                            ["train.metric: unknown metric for classification (got 'rmse'; allowed: loss, accuracy"]),
+    "split leaves nothing": (lambda d: d["data"]["split"].update(valid=0.6, test=0.4), ["data.split: valid + test: leaves too little to train on"]),
+    "unknown model kind": (lambda d: d["model"].update(kind="cnn"), ["model.kind: unknown model kind for torch (got 'cnn'; allowed: mlp)"]),
+    "unknown model param": (lambda d: d["model"]["params"].update(hidden=[3]), ["model.params.hidden: unknown parameter for torch mlp (got 'hidden'; allowed: dropout, hidden_sizes)"]),
+    "tensorflow on tpu": (lambda d: (d["model"].update(framework="tensorflow"), d["train"].update(use_tpu=True)),
+                          ["train.use_tpu: framework tensorflow cannot train on TPU with Ray Train", "supported: cpu, gpu"]),
+    "wrong type": (lambda d: d["train"].update(epochs="ten"), ["train.epochs:", "valid integer", "(got 'ten')"]),
+    "space names a section": (lambda d: d["tune"]["space"].update({"train.optimizer": {"choice": [1]}}), ["tune.space.train.optimizer: names a section, not a value"]),
+    "missing label": (lambda d: d["data"].pop("label"), ["data.label: required field is missing"]),
+    "xgboost with import": (lambda d: d["model"].update({"framework": "xgboost", "kind": None, "import": "x:y"}) or d["model"].pop("kind") or d["model"].pop("params"),
+                            ["model.import: not supported for framework xgboost"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_bad_spec_error_names_path_value_and_allowed(case):
+    change, expected = BAD_SPECS[case]
+    with pytest.raises(SpecError) as info:
+        parse_spec(_mutated(change))
+    text = "\n".join(info.value.problems)
+    for fragment in expected:
+        assert fragment in text, f"{fragment!r} not in {text!r}"
+    assert len(info.value.problems) == 1, info.value.problems  # one problem, one message: no union noise
+
+
+def test_several_problems_reported_together():
+    raw = _mutated(lambda d: (d["train"].update(workers=0, epocs=1), d["serve"].update(route="x")))
+    with pytest.raises(SpecError) as info:
+        parse_spec(raw)
+    paths = sorted(p.split(":")[0] for p in info.value.problems)
+    assert paths == ["serve.route", "train.epocs", "train.workers"]
+
+
+def _csv_spec(tmp_path, **changes):
+    (tmp_path / "data.csv").write_text("age,plan,churn\n30,basic,no\n41,pro,yes\n,basic,no\n")
+    raw = {"name": "churn", "data": {"source": {"format": "csv", "path": "data.csv"}, "label": "churn",
+                                      "preprocess": [{"one_hot": {"columns": ["plan"]}}, {"impute": {"columns": ["age"]}}]},
+           "model": {"framework": "torch", "kind": "mlp"}}
+    for key, value in changes.items():
+        node = raw
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_relative_data_path_resolves_against_spec_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir("/")
+    spec = load_spec(_csv_spec(tmp_path))
+    assert spec.data.source.path == str(tmp_path / "data.csv")
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"data.source": {"format": "csv", "path": "nope.csv"}}, "data.source.path: no such file or directory (got '"),
+    ({"data.label": "churned"}, "data.label: no such column in the data (got 'churned'; allowed: age, plan, churn)"),
+    ({"data.features": ["age", "plann"]}, "data.features[1]: no such column in the data (got 'plann'; allowed: age, plan, churn)"),
+    ({"data.preprocess": []}, "data.features: string columns ['plan'] need encoding"),
+    ({"data.preprocess": [{"one_hot": {"columns": ["plan"]}}, {"standard_scale": {"columns": ["plan", "age"]}}]},
+     "data.preprocess[1].standard_scale.columns[0]: needs a numeric column (got 'plan', a string column"),
+])
+def test_spec_checked_against_its_data(tmp_path, changes, expected):
+    with pytest.raises(SpecError) as info:
+        load_spec(_csv_spec(tmp_path, **changes))
+    assert any(expected in p for p in info.value.problems), info.value.problems
+
+
+def test_apply_overrides_sets_paths_and_revalidates():
+    spec = parse_spec(copy.deepcopy(BASE))
+    tuned = apply_overrides(spec, {"train.optimizer.lr": 0.05, "model.params.hidden_sizes": [8]})
+    assert tuned.train.optimizer.lr == 0.05 and tuned.model.params["hidden_sizes"] == [8]
+    assert spec.train.optimizer.lr == BASE["train"]["optimizer"]["lr"]  # the original is untouched
+    with pytest.raises(SpecError, match="train.workers"):
+        apply_overrides(spec, {"train.workers": 0})
+
+
+def test_json_schema_is_closed_and_documents_keys():
+    schema = spec_json_schema()
+    assert schema["additionalProperties"] is False
+    assert set(schema["required"]) == {"name", "data", "model"}
+    train = schema["$defs"]["TrainSpec"]["properties"]
+    assert "description" in train["workers"] and train["workers"]["minimum"] == 1
+
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_cli_validate_bad_spec_exits_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_mutated(lambda d: d["train"].update(epocs=3))))
+    proc = _cli("validate", str(bad))
+    assert proc.returncode == 2
+    assert "train.epocs: unknown key" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_cli_validate_good_specs_and_malformed_yaml(tmp_path):
+    ok = _cli("validate", *map(str, PIPELINES))
+    assert ok.returncode == 0, ok.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\ndata: [\n")
+    proc = _cli("validate", str(broken))
+    assert proc.returncode == 2 and "(yaml): line" in proc.stderr and "Traceback" not in proc.stderr
