@@ -76,7 +76,9 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
             _enable_token_auth()
             ray.init(address=address, log_to_driver=verbose, namespace="rayline")
             return Connection(address=address, embedded=False, owned=True)
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=verbose, namespace="rayline",
+        # The dashboard hosts Ray's state API, which Train V2 uses to free the placement
+        # groups of trials Tune stops early; without it those CPUs leak.
+        ray.init(num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=verbose, namespace="rayline",
                  configure_logging=True, logging_level="WARNING")
     except ConnectionError as exc:
         raise ClusterError(f"cannot reach a Ray cluster at {address}: {exc} (start one with `rayline cluster up`)") from None

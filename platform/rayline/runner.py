@@ -22,6 +22,7 @@ from rayline.workspace import Workspace
 __all__ = ["RunSummary", "run_pipeline", "STAGES"]
 
 STAGES = ("data", "train", "register", "deploy")
+_BOOKKEEPING = ("epoch", "resumed")  # in each history row, but not model metrics
 
 
 @dataclass
@@ -127,7 +128,7 @@ def run_pipeline(
                 checkpoint_dir=winner.checkpoint_dir,
                 preprocessing=data.preprocessing,
                 spec=winning_spec,
-                metrics={k: v for k, v in winner.metrics.items() if k != "epoch"},
+                metrics={k: v for k, v in winner.metrics.items() if k not in _BOOKKEEPING},
                 fingerprint=data.fingerprint,
                 versions=load_backend(spec.model.framework).versions(),
             )
@@ -135,7 +136,7 @@ def run_pipeline(
             _add_test_metrics(artifact, test_metrics)
             mv = registry.register(
                 run_id, spec.name, artifact,
-                metrics={**{f"valid_{k}": v for k, v in winner.metrics.items() if k != "epoch"},
+                metrics={**{f"valid_{k}": v for k, v in winner.metrics.items() if k not in _BOOKKEEPING},
                          **{f"test_{k}": v for k, v in test_metrics.items()}},
                 tags={"framework": spec.model.framework, "task": data.task, "metric": metric,
                       f"valid_{metric}": winner.metrics[metric], "data_fingerprint": data.fingerprint},

@@ -86,9 +86,34 @@ def deploy(spec, version: str, ws, host: str, port: int) -> str:
         "replicas": serve_spec.replicas.model_dump() if serve_spec else None,
         "max_instances": serve_spec.max_instances if serve_spec else 10_000,
     }
+    _wait_for_replica_resources(spec.name, serve_spec.replicas.cpus if serve_spec else 0.25,
+                                max(1, serve_spec.replicas.min) if serve_spec else 1)
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(args), name=spec.name, route_prefix=spec.route, blocking=False)
     except Exception as exc:
         raise ServeError(f"deploying {spec.name} v{version} at {spec.route} failed: {str(exc).strip().splitlines()[-1]}") from None
     return f"http://{host}:{port}{spec.route}"
+
+
+def _wait_for_replica_resources(name: str, cpus: float, replicas: int, timeout_s: float = 60.0) -> None:
+    """Fail fast, naming the resource, instead of letting Serve wait forever for CPUs."""
+    import time
+
+    import ray
+
+    need = cpus * replicas
+    deadline = time.monotonic() + timeout_s
+    while True:
+        # Training just ended: its placement groups may take a moment to be released.
+        available = ray.available_resources().get("CPU", 0.0)
+        if available + 1e-9 >= need:
+            return
+        if time.monotonic() > deadline:
+            from rayline.errors import ResourceError
+
+            raise ResourceError(
+                f"serve.replicas.cpus: {replicas} replica(s) of {name} need {need:g} CPUs; the cluster has "
+                f"{available:g} available after {timeout_s:g}s (allowed: lower serve.replicas.cpus or min, or free CPUs)"
+            )
+        time.sleep(0.5)

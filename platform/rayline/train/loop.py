@@ -57,9 +57,10 @@ class EpochReporter:
 
     def report(self, epoch: int, metrics: dict, save_model: Callable[[str], None]) -> None:
         """Report `metrics` for `epoch` with a checkpoint made by `save_model(dir)` on rank 0."""
-        row = {"epoch": epoch, **{k: float(v) for k, v in metrics.items()}}
+        # `resumed`: restarts so far; rows trained before a restart keep the lower count.
+        row = {"epoch": epoch, **{k: float(v) for k, v in metrics.items()}, "resumed": len(self.resumed_from)}
         self.history.append(row)
-        reported = dict(row, resumed=len(self.resumed_from))
+        reported = row
         if self.rank != 0:
             self._train.report(reported, checkpoint=None)
             return

@@ -1,0 +1,59 @@
+"""One real local Ray per test session, one workspace, one Serve HTTP port."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = int(os.environ.get("RAYLINE_TEST_PORT", "8765"))
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    from rayline.cluster import quiet_ray
+
+    quiet_ray()
+    # 2 logical CPUs, as on the CI machine: the resource planner must make this fit. The
+    # dashboard stays on: Ray's state API (Train's placement-group cleanup after Tune stops
+    # a trial early, and the fault test's worker lookup) needs it.
+    ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, namespace="rayline-tests")
+    yield ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ws(tmp_path_factory):
+    from rayline.workspace import workspace
+
+    return workspace(tmp_path_factory.mktemp("workspace")).ensure()
+
+
+def run(spec, ws, **kwargs):
+    from rayline.runner import run_pipeline
+
+    events = []
+    summary = run_pipeline(spec, ws, port=PORT, on_stage=lambda *e: events.append(e), **kwargs)
+    summary.events = events
+    return summary
+
+
+@pytest.fixture(scope="session")
+def digits(ray_session, ws):
+    """The reference digits pipeline with a small sweep (2 trials, 5 epochs), served."""
+    from rayline.spec import apply_overrides, load_spec
+
+    path = ROOT / "pipelines" / "digits-torch.yaml"
+    spec = apply_overrides(load_spec(path), {"tune.num_samples": 2, "train.epochs": 5})
+    return run(spec, ws, spec_path=str(path))

@@ -1,0 +1,117 @@
+"""The digits pipeline end to end: tune -> register -> serve, queried over real HTTP."""
+
+import json
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+
+from .conftest import PORT, ROOT
+
+
+@pytest.fixture(scope="module")
+def test_split(digits, ws):
+    """The raw rows of the pipeline's test split, as the registered model saw them."""
+    from rayline import load_model
+    from rayline.data import prepare_data
+    from rayline.spec import load_spec
+
+    spec = load_spec(ROOT / "pipelines" / "digits-torch.yaml")
+    frame = prepare_data(spec).test_frame  # deterministic split: the same rows as in training
+    model = load_model("digits", digits.version, workspace=str(ws.root))
+    return frame, model
+
+
+def test_sweep_ran_trials_and_registered_the_winner(digits, ws):
+    assert [e[:2] for e in digits.events] == [(s, ev) for s in ("data", "train", "register", "deploy") for ev in ("start", "done")]
+    assert len(digits.trials) == 2 and all(t.status == "terminated" for t in digits.trials)
+    scores = [t.result.metrics["accuracy"] for t in digits.trials]
+    assert digits.valid_metrics["accuracy"] == max(scores)
+    assert {tuple(sorted(t.overrides)) for t in digits.trials} == {("model.params.hidden_sizes", "train.optimizer.lr")}
+
+    from rayline.registry import Registry
+
+    reg = Registry(ws)
+    mv = reg.resolve("digits")
+    assert mv.version == digits.version and mv.metrics["test_accuracy"] == pytest.approx(digits.test_metrics["accuracy"])
+    runs = reg.client.search_runs([reg.client.get_experiment_by_name("rayline/digits").experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{digits.run_id}'")
+    assert len(runs) == 2
+    history = reg.client.get_metric_history(runs[0].info.run_id, "accuracy")
+    assert len(history) >= 1 and sorted(m.step for m in history) == list(range(len(history)))
+
+
+def test_http_predictions_reach_test_accuracy(digits, test_split):
+    frame, model = test_split
+    features = [f.name for f in model.preprocessing.features]
+    rows = frame[features].to_dict(orient="records")
+    response = httpx.post(f"{digits.endpoint}/predict", json={"instances": rows}, timeout=60)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "digits" and body["version"] == digits.version
+    accuracy = np.mean(np.array(body["predictions"]) == frame["target"].to_numpy())
+    assert accuracy >= 0.9, accuracy
+
+
+def test_offline_and_online_predictions_are_identical(digits, test_split):
+    frame, model = test_split
+    features = [f.name for f in model.preprocessing.features]
+    rows = frame[features].head(40).to_dict(orient="records")
+    online = httpx.post(f"{digits.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60).json()
+    offline = model.predict(rows, probabilities=True)
+    assert online["predictions"] == offline["predictions"]
+    assert online["probabilities"] == offline["probabilities"]  # exact: same code, same state
+
+
+ROW = {f"pixel_{i}_{j}": 0.0 for i in range(8) for j in range(8)}
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"instances": [{k: v for k, v in ROW.items() if k != "pixel_3_4"}]}, "pixel_3_4"),
+    ({"instances": [{**ROW, "pixel_9_9": 1.0}]}, "pixel_9_9"),
+    ({"instances": [{**ROW, "pixel_0_1": "bright"}]}, "pixel_0_1"),
+    ({"instances": [{**ROW, "pixel_0_1": None}]}, "pixel_0_1"),
+    ({"instances": []}, "instances"),
+    ({"rows": [ROW]}, "instances"),
+])
+def test_bad_requests_get_422_naming_the_field(digits, body, field):
+    response = httpx.post(f"{digits.endpoint}/predict", json=body, timeout=30)
+    assert response.status_code == 422, response.text
+    assert field in json.dumps(response.json()["detail"])
+
+
+def test_malformed_json_is_422_not_500(digits):
+    response = httpx.post(f"{digits.endpoint}/predict", content=b"{not json", headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 422
+
+
+def test_health_metadata_and_docs(digits):
+    assert httpx.get(f"{digits.endpoint}/health", timeout=30).json()["status"] == "ok"
+    meta = httpx.get(f"{digits.endpoint}/metadata", timeout=30).json()
+    assert meta["name"] == "digits" and meta["version"] == digits.version and meta["framework"] == "torch"
+    assert len(meta["features"]) == 64 and meta["features"][0] == {"name": "pixel_0_0", "type": "number", "nullable": False}
+    assert meta["metrics"]["accuracy"] == pytest.approx(digits.valid_metrics["accuracy"])
+    assert httpx.get(f"{digits.endpoint}/docs", timeout=30).status_code == 200
+    schema = httpx.get(f"{digits.endpoint}/openapi.json", timeout=30).json()
+    assert "pixel_0_0" in json.dumps(schema)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_cli_predict_and_models(digits, ws, tmp_path):
+    proc = _cli("predict", "/digits", "--port", str(PORT), "--json", json.dumps({"instances": [ROW]}), "--output", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["version"] == digits.version
+    csv = tmp_path / "rows.csv"
+    csv.write_text(",".join(ROW) + "\n" + ",".join("0" for _ in ROW) + "\n")
+    table = _cli("predict", f"http://127.0.0.1:{PORT}/digits", "--input", str(csv))
+    assert table.returncode == 0 and "digits v" in table.stdout
+    bad = _cli("predict", "/digits", "--port", str(PORT), "--json", json.dumps({"instances": [{"x": 1}]}))
+    assert bad.returncode == 1 and "the model rejected the request" in bad.stderr and "Traceback" not in bad.stderr
+    models = _cli("models", "digits", "--workspace", str(ws.root), "--output", "json")
+    assert models.returncode == 0, models.stderr
+    assert json.loads(models.stdout)[-1]["version"] == digits.version
