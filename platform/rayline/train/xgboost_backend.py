@@ -1,0 +1,210 @@
+"""XGBoost backend: Ray Train XGBoostTrainer, one booster trained over xgboost's collective.
+
+Ray Train (V2) starts the rabit tracker and wraps each worker's train function in
+xgboost's CommunicatorContext, so `xgboost.train` on each worker's shard of "train"
+builds one shared booster (histograms are all-reduced). Every worker holds all of
+"valid"; a TrainingCallback evaluates it every `checkpoint_every` rounds with rayline's
+`compute_metrics` and reports through `EpochReporter` ("epoch" = boosting round index,
+0-based), which also gives the best checkpoint and resume after a worker failure.
+
+Parameters of kind `gbdt` (`model.params`) go to xgboost as they are, except:
+- num_boost_round: rounds in all (default: train.epochs, which the spec documents as
+  the boosting-rounds default for xgboost).
+- early_stopping_rounds: stop when the spec's metric on "valid" has not improved for this
+  many rounds (default 10; 0 or null turns it off). It is checked at the evaluated rounds.
+- checkpoint_every: evaluate, report and checkpoint every this many rounds (default:
+  1 up to 100 rounds, then rounds // 100, so a run reports at most ~100 times); the last
+  round, and the round where early stopping ends training, are always reported.
+The objective follows the task: reg:squarederror, binary:logistic (2 classes) or
+multi:softprob with num_class. nthread is the worker's CPU share (loop config "threads").
+
+The saved model directory holds `model.ubj` (the booster), `xgb_state.json` (early
+stopping state, for resume) and `arch.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from rayline.train.backend import Backend, Predict
+from rayline.train.loop import EpochReporter
+from rayline.train.metrics import compute_metrics
+
+__all__ = ["XGBoostBackend", "BACKEND", "objective_params"]
+
+_MODEL = "model.ubj"
+_STATE = "xgb_state.json"
+_ARCH = "arch.json"
+_MAX_METRICS = {"accuracy", "f1", "precision", "recall", "roc_auc", "r2"}  # as rayline.spec.metric_mode
+_DEFAULT_EARLY_STOPPING = 10
+
+
+def objective_params(task: str, num_outputs: int) -> dict:
+    """The xgboost objective for a task and its number of outputs (classes, or 1)."""
+    if task == "regression":
+        return {"objective": "reg:squarederror"}
+    if num_outputs == 2:
+        return {"objective": "binary:logistic"}
+    return {"objective": "multi:softprob", "num_class": int(num_outputs)}
+
+
+def _outputs(raw: np.ndarray, task: str, num_outputs: int) -> np.ndarray:
+    """Booster predictions as rayline outputs: probabilities (n, classes) or values (n,)."""
+    raw = np.asarray(raw)
+    if task == "regression":
+        return raw.reshape(-1)
+    if num_outputs == 2:
+        p = raw.reshape(-1)
+        return np.stack([1.0 - p, p], axis=1)
+    return raw.reshape(len(raw), num_outputs)
+
+
+def _arrays(shard, num_features: int, label_dtype) -> tuple[np.ndarray, np.ndarray]:
+    """All rows of a dataset shard as (features float32 (n, d), labels)."""
+    features, labels = [], []
+    for batch in shard.iter_batches(batch_size=65536, batch_format="numpy"):
+        features.append(np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), -1))
+        labels.append(np.asarray(batch["label"], dtype=label_dtype))
+    if not features:
+        return np.zeros((0, num_features), np.float32), np.zeros((0,), label_dtype)
+    return np.concatenate(features), np.concatenate(labels)
+
+
+def _settings(config: dict) -> tuple[dict, int, int, int]:
+    """(xgboost params, num_boost_round, early_stopping_rounds, checkpoint_every) from the loop config."""
+    arch = config["arch"]
+    params = dict(arch["model"].get("params", {}))
+    rounds = int(params.pop("num_boost_round", None) or config["epochs"])
+    early = params.pop("early_stopping_rounds", _DEFAULT_EARLY_STOPPING)
+    early = int(early) if early else 0
+    every = params.pop("checkpoint_every", None)
+    every = max(1, int(every)) if every else max(1, rounds // 100)
+    params.update(objective_params(config["task"], arch["num_outputs"]))
+    params["nthread"] = int(config["threads"])
+    params.setdefault("seed", int(config["seed"]))
+    params.setdefault("verbosity", 1)
+    return params, max(1, rounds), early, every
+
+
+class XGBoostBackend(Backend):
+    name = "xgboost"
+
+    def train_loop(self, config: dict) -> None:
+        import ray.train
+        import xgboost as xgb
+        from xgboost import collective
+
+        reporter = EpochReporter()
+        task = config["task"]
+        arch = config["arch"]
+        num_outputs = arch["num_outputs"]
+        params, num_boost_round, early_stopping, every = _settings(config)
+        metric = config["metric"]
+        maximize = metric in _MAX_METRICS
+        label_dtype = np.int64 if task == "classification" else np.float32
+
+        train_x, train_y = _arrays(ray.train.get_dataset_shard("train"), arch["num_features"], label_dtype)
+        valid_x, valid_y = _arrays(ray.train.get_dataset_shard("valid"), arch["num_features"], label_dtype)
+        # Every worker builds its DMatrix (construction syncs the column count over the collective).
+        dtrain = xgb.DMatrix(train_x, label=train_y.astype(np.float32), nthread=params["nthread"])
+
+        state = {"best_score": None, "best_round": -1, "stopped": False, "num_boost_round": num_boost_round}
+        booster = None
+        if reporter.restore_model_dir:
+            booster = xgb.Booster(model_file=os.path.join(reporter.restore_model_dir, _MODEL))
+            try:
+                with open(os.path.join(reporter.restore_model_dir, _STATE)) as fh:
+                    state.update(json.load(fh))
+            except (OSError, ValueError):
+                pass
+            state["num_boost_round"] = num_boost_round
+        done = booster.num_boosted_rounds() if booster is not None else 0
+        remaining = num_boost_round - done
+
+        class _ReportCallback(xgb.callback.TrainingCallback):
+            """Evaluate "valid" with rayline's metrics, report, checkpoint, and stop early."""
+
+            def after_iteration(self, model, epoch, evals_log) -> bool:
+                rnd = model.num_boosted_rounds() - 1  # absolute round index, also after resume
+                last = rnd + 1 >= num_boost_round
+                if (rnd + 1) % every and not last:
+                    if not early_stopping or rnd - state["best_round"] < early_stopping:
+                        return False
+                    # early stopping is due between checkpoints: evaluate now, stop here
+                raw = model.inplace_predict(valid_x) if len(valid_x) else np.zeros((0,))
+                metrics = compute_metrics(task, _outputs(raw, task, num_outputs), valid_y)
+                score = metrics.get(metric)
+                if score is not None and np.isfinite(score):
+                    best = state["best_score"]
+                    if best is None or (score > best if maximize else score < best):
+                        state["best_score"], state["best_round"] = float(score), rnd
+                stop = bool(early_stopping) and state["best_round"] >= 0 and rnd - state["best_round"] >= early_stopping
+                if collective.is_distributed():
+                    # Every worker evaluates the same booster on the same rows; rank 0 decides
+                    # anyway, so that no worker leaves the collective while another stays.
+                    stop = bool(collective.broadcast(stop, 0))
+                state["stopped"] = stop or last
+                snapshot = dict(state)
+
+                def save(model_dir: str) -> None:
+                    os.makedirs(model_dir)
+                    model.save_model(os.path.join(model_dir, _MODEL))
+                    with open(os.path.join(model_dir, _STATE), "w") as fh:
+                        json.dump(snapshot, fh)
+                    with open(os.path.join(model_dir, _ARCH), "w") as fh:
+                        json.dump(dict(arch, xgboost_params=params), fh)
+
+                reporter.report(rnd, metrics, save)
+                return stop
+
+        if remaining > 0 and not state["stopped"]:
+            xgb.train(
+                params,
+                dtrain,
+                num_boost_round=remaining,
+                xgb_model=booster,
+                callbacks=[_ReportCallback()],
+                verbose_eval=False,
+            )
+        reporter.close()
+
+    def make_trainer(self, *, loop_config, scaling_config, run_config, datasets, dataset_config):
+        from ray.train.xgboost import XGBoostTrainer
+
+        return XGBoostTrainer(
+            train_loop_per_worker=self.train_loop,
+            train_loop_config=loop_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=dataset_config,
+        )
+
+    def load(self, model_dir: str, meta: dict) -> Predict:
+        import xgboost as xgb
+
+        with open(os.path.join(model_dir, _ARCH)) as fh:
+            arch = json.load(fh)
+        booster = xgb.Booster(model_file=os.path.join(model_dir, _MODEL))
+        task = meta["task"]
+        num_outputs = arch["num_outputs"]
+        num_features = arch["num_features"]
+
+        def predict(features: np.ndarray) -> np.ndarray:
+            x = np.ascontiguousarray(features, dtype=np.float32).reshape(len(features), num_features)
+            if not len(x):
+                return _outputs(np.zeros((0, num_outputs if num_outputs > 2 else 1)), task, num_outputs)
+            return _outputs(booster.inplace_predict(x), task, num_outputs)
+
+        return predict
+
+    def versions(self) -> dict[str, str]:
+        import xgboost
+
+        return {"xgboost": xgboost.__version__}
+
+
+BACKEND = XGBoostBackend()
