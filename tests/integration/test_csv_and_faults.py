@@ -85,18 +85,29 @@ def _alive_train_workers():
     return [a for a in list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])]
 
 
-def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn):
+FAULT_MODELS = {
+    "torch": {"framework": "torch", "kind": "mlp", "params": {"hidden_sizes": [16]}},
+    "tensorflow": {"framework": "tensorflow", "kind": "mlp", "params": {"hidden_sizes": [16]}},
+    # one report per boosting round, no early stopping: "epoch" is the round
+    "xgboost": {"framework": "xgboost", "kind": "gbdt",
+                "params": {"max_depth": 3, "num_boost_round": 60, "checkpoint_every": 1, "early_stopping_rounds": 0}},
+}
+
+
+@pytest.mark.parametrize("framework", sorted(FAULT_MODELS))
+def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework):
     """SIGKILL one training worker after a checkpoint exists; training resumes from it, not from epoch 0."""
     from rayline.spec import apply_overrides
 
     spec, _ = churn
     epochs = 60
-    spec = apply_overrides(spec, {"name": "churn-faulty", "train.epochs": epochs, "train.batch_size": 8})
+    spec = apply_overrides(spec, {"name": f"churn-faulty-{framework}", "model": FAULT_MODELS[framework],
+                                  "train.epochs": epochs, "train.batch_size": 8})
     spec = spec.model_copy(update={"serve": None})
     outcome = {}
     thread = threading.Thread(target=lambda: outcome.update(summary=run(spec, ws)), daemon=True)
     thread.start()
-    pattern = os.path.join(ws.runs_dir, "churn-faulty-*", "train", "checkpoint_*", "rayline_state.json")
+    pattern = os.path.join(ws.runs_dir, f"churn-faulty-{framework}-*", "train", "checkpoint_*", "rayline_state.json")
     killed = None
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and thread.is_alive():
