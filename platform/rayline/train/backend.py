@@ -31,8 +31,19 @@ class Backend(ABC):
         """The Ray Train per-worker function; `config` is the loop config from `train.run`."""
 
     @abstractmethod
+    def trainer_class(self):
+        """The Ray Train trainer class (TorchTrainer, TensorflowTrainer, XGBoostTrainer, ...)."""
+
     def make_trainer(self, *, loop_config: dict, scaling_config, run_config, datasets: dict, dataset_config):
-        """The Ray Train trainer (TorchTrainer, TensorflowTrainer, XGBoostTrainer, ...)."""
+        """The trainer running `train_loop` on every worker; every Ray data-parallel trainer takes these."""
+        return self.trainer_class()(
+            train_loop_per_worker=self.train_loop,
+            train_loop_config=loop_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=dataset_config,
+        )
 
     @abstractmethod
     def load(self, model_dir: str, meta: dict) -> Predict:

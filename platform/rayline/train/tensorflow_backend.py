@@ -232,17 +232,10 @@ class TensorflowBackend(Backend):
             reporter.report(epoch, metrics, save)
         reporter.close()
 
-    def make_trainer(self, *, loop_config, scaling_config, run_config, datasets, dataset_config):
+    def trainer_class(self):
         from ray.train.tensorflow import TensorflowTrainer
 
-        return TensorflowTrainer(
-            train_loop_per_worker=self.train_loop,
-            train_loop_config=loop_config,
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets,
-            dataset_config=dataset_config,
-        )
+        return TensorflowTrainer
 
     def load(self, model_dir: str, meta: dict) -> Predict:
         _use_legacy_keras()

@@ -171,17 +171,10 @@ class XGBoostBackend(Backend):
             )
         reporter.close()
 
-    def make_trainer(self, *, loop_config, scaling_config, run_config, datasets, dataset_config):
+    def trainer_class(self):
         from ray.train.xgboost import XGBoostTrainer
 
-        return XGBoostTrainer(
-            train_loop_per_worker=self.train_loop,
-            train_loop_config=loop_config,
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets,
-            dataset_config=dataset_config,
-        )
+        return XGBoostTrainer
 
     def load(self, model_dir: str, meta: dict) -> Predict:
         import xgboost as xgb
