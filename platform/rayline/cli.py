@@ -83,11 +83,13 @@ def run(
     exit_after_deploy: bool = typer.Option(False, "--exit-after-deploy",
                                            help="With an embedded Ray, stop after deploying instead of serving until Ctrl-C."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Ray's own logs."),
+    set_: List[str] = typer.Option([], "--set", metavar="PATH=VALUE",
+                                   help="Override a spec key, e.g. --set train.epochs=2 --set tune.num_samples=2 (VALUE is YAML)."),
 ) -> None:
     """Run every stage the spec names: data, train or tune, register, deploy."""
-    from rayline.spec import load_spec
+    from rayline.spec import load_spec, parse_set_options
 
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, overrides=parse_set_options(set_))
     ws = _ws(workspace)
     from rayline.cluster import connect
 
@@ -239,18 +241,19 @@ def models(name: Optional[str] = typer.Argument(None, help="A model name; defaul
 @cluster_app.command("up")
 def cluster_up(workspace: Optional[Path] = WorkspaceOpt,
                port: int = typer.Option(6379, help="GCS port of the head."),
-               num_cpus: Optional[int] = typer.Option(None, help="Logical CPUs (default: all cores).")) -> None:
+               num_cpus: Optional[int] = typer.Option(None, help="Logical CPUs (default: all cores)."),
+               dashboard_port: int = typer.Option(8265, help="Port of the Ray dashboard.")) -> None:
     """Start a local Ray head that outlives this command."""
     from rayline.cluster import cluster_up as up
 
-    info = up(_ws(workspace), port, num_cpus)
+    info = up(_ws(workspace), port, num_cpus, dashboard_port)
     verb = "started" if info["started"] else "already running"
     console.print(f"Ray head {verb} at {info['address']}; `rayline run` will use it.")
 
 
 @cluster_app.command("down")
 def cluster_down(workspace: Optional[Path] = WorkspaceOpt) -> None:
-    """Stop the local Ray head started by `rayline cluster up`."""
+    """Stop the local Ray head started by `rayline cluster up` (and no other Ray on this machine)."""
     from rayline.cluster import cluster_down as down
 
     console.print("stopped the local Ray head" if down(_ws(workspace)) else "no local Ray head recorded")

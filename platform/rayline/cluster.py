@@ -6,11 +6,14 @@ records its address in the workspace; `connect` finds it automatically.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,14 +34,18 @@ class Connection:
     def shutdown(self) -> None:
         import ray
 
-        if self.owned and ray.is_initialized():
+        if not (self.owned and ray.is_initialized()):
+            return
+        if self.embedded:
+            # Our own Ray: its endpoints go with it. On a cluster they must outlive the CLI,
+            # so there we only disconnect.
             try:
                 from ray import serve
 
                 serve.shutdown()
             except Exception:
                 pass  # Serve was never started
-            ray.shutdown()
+        ray.shutdown()
 
 
 def quiet_ray() -> None:
@@ -58,9 +65,21 @@ def _recorded_head(ws: Workspace) -> str | None:
 
 
 def _enable_token_auth() -> None:
-    # Ray 2.60 heads started with `ray start` require a token; local drivers read it from ~/.ray.
-    if _TOKEN.exists() and not os.environ.get("RAY_AUTH_TOKEN"):
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    """Send the auth token that `ray start --head` (token auth on by default in Ray 2.60) expects.
+
+    Ray turns token mode on by itself only for a cluster it finds with address "auto"; an
+    explicit address needs RAY_AUTH_MODE=token, and Ray caches its config at import, so the
+    cached copy is refreshed too. An explicit RAY_AUTH_MODE is left alone.
+    """
+    has_token = _TOKEN.exists() or os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if not has_token or os.environ.get("RAY_AUTH_MODE") is not None:
+        return
+    try:
+        from ray._private.authentication.authentication_token_setup import _enable_token_auth as enable
+    except ImportError:  # a Ray without token auth, or one that moved it: the env var alone
+        os.environ["RAY_AUTH_MODE"] = "token"
+        return
+    enable()
 
 
 def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None = None, verbose: bool = False) -> Connection:
@@ -94,30 +113,84 @@ def _ray_cli() -> str:
     return exe
 
 
-def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None) -> dict:
+def _head_temp_dir(ws: Workspace) -> str:
+    # One Ray temp dir per workspace, so `cluster down` can tell this head's processes from
+    # any other Ray on the machine (`ray stop` would stop them all). Short, under /tmp:
+    # Ray's unix socket paths must stay under ~107 characters.
+    digest = hashlib.sha1(str(ws.root).encode()).hexdigest()[:10]
+    return os.path.join("/tmp", f"rayline-{digest}")
+
+
+def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, dashboard_port: int = 8265) -> dict:
     ws.ensure()
     existing = _recorded_head(ws)
     if existing and cluster_status(ws).get("alive"):
         return {"address": existing, "started": False}
+    temp_dir = _head_temp_dir(ws)
     cmd = [_ray_cli(), "start", "--head", f"--port={port}", "--disable-usage-stats", "--include-dashboard=true",
-           "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1"]
+           "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--node-ip-address=127.0.0.1",
+           f"--temp-dir={temp_dir}"]
     if num_cpus:
         cmd.append(f"--num-cpus={num_cpus}")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     if proc.returncode != 0:
-        raise ClusterError(f"`ray start --head` failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        raise ClusterError(f"`ray start --head --port={port}` failed: {lines[-1] if lines else proc.returncode}")
     address = f"127.0.0.1:{port}"
-    info = {"address": address, "dashboard": "http://127.0.0.1:8265"}
+    info = {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}", "temp_dir": temp_dir}
     tmp = ws.cluster_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(info))
     os.replace(tmp, ws.cluster_file)
     return {**info, "started": True}
 
 
-def cluster_down(ws: Workspace) -> bool:
-    if not _recorded_head(ws):
+def _head_processes(temp_dir: str) -> list:
+    """Every process of the head whose Ray temp dir is `temp_dir`, workers included."""
+    import psutil
+
+    roots = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(temp_dir in arg for arg in proc.info["cmdline"] or ()):
+                roots.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    # Workers rename themselves (`ray::...`) and lose the temp dir from their command
+    # line; they are children of the raylet.
+    found = {p.pid: p for p in roots}
+    for proc in roots:
+        try:
+            found.update({c.pid: c for c in proc.children(recursive=True)})
+        except psutil.NoSuchProcess:
+            continue
+    found.pop(os.getpid(), None)
+    return list(found.values())
+
+
+def cluster_down(ws: Workspace, grace_s: float = 15.0) -> bool:
+    """Stop the head `cluster up` started for this workspace, and nothing else."""
+    import psutil
+
+    try:
+        info = json.loads(ws.cluster_file.read_text())
+    except (OSError, ValueError):
         return False
-    subprocess.run([_ray_cli(), "stop", "--force"], capture_output=True, text=True, timeout=120)
+    temp_dir = info.get("temp_dir")
+    if not temp_dir:
+        raise ClusterError(f"{ws.cluster_file} names no Ray temp dir (written by an older rayline); stop that head with `ray stop`")
+    procs = _head_processes(temp_dir)
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
     ws.cluster_file.unlink(missing_ok=True)
     return True
 

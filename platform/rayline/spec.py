@@ -38,6 +38,7 @@ __all__ = [
     "load_spec",
     "parse_spec",
     "apply_overrides",
+    "parse_set_options",
     "spec_json_schema",
     "metric_mode",
 ]
@@ -457,13 +458,34 @@ def _model_class(annotation):
 def apply_overrides(spec: PipelineSpec, overrides: dict[str, Any]) -> PipelineSpec:
     """A copy of `spec` with each dotted path set to its value, validated again."""
     raw = spec.model_dump(by_alias=True, exclude_none=True)
+    _set_paths(raw, overrides, "overrides")
+    return parse_spec(raw, source="overrides")
+
+
+def _set_paths(raw: dict, overrides: dict[str, Any], source: str) -> None:
     for path, value in overrides.items():
         node = raw
         *parents, leaf = path.split(".")
-        for p in parents:
+        for depth, p in enumerate(parents):
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                where = ".".join(parents[: depth + 1])
+                raise SpecError([f"{path}: {where} is not a mapping, so it has no key {parents[depth + 1] if depth + 1 < len(parents) else leaf!r} (got {node!r})"], source)
         node[leaf] = copy.deepcopy(value)
-    return parse_spec(raw, source="tune overrides")
+
+
+def parse_set_options(items: list[str]) -> dict[str, Any]:
+    """`--set PATH=VALUE` options as overrides; VALUE is YAML (`2`, `0.01`, `[64, 32]`, `adam`)."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        path, sep, text = item.partition("=")
+        if not sep or not path.strip():
+            raise SpecError([f"--set: expected PATH=VALUE such as train.epochs=2 (got {item!r})"])
+        try:
+            overrides[path.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SpecError([f"--set {path.strip()}: the value is not valid YAML (got {text!r}): {getattr(exc, 'problem', exc)}"]) from None
+    return overrides
 
 
 # ---------------------------------------------------------------- loading and errors
@@ -478,10 +500,11 @@ def parse_spec(raw: Any, source: str | None = None) -> PipelineSpec:
         raise SpecError([_format_error(err) for err in exc.errors()], source) from None
 
 
-def load_spec(path: str | Path, check_data: bool = True) -> PipelineSpec:
+def load_spec(path: str | Path, check_data: bool = True, overrides: dict[str, Any] | None = None) -> PipelineSpec:
     """Read, validate and resolve a spec file; with `check_data`, also check it against its data.
 
-    Relative data paths resolve against the spec file's directory.
+    Relative data paths resolve against the spec file's directory. `overrides` (dotted
+    path -> value, from `--set`) are applied before validation, so they are checked too.
     """
     path = Path(path)
     if not path.is_file():
@@ -492,6 +515,9 @@ def load_spec(path: str | Path, check_data: bool = True) -> PipelineSpec:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise SpecError([f"(yaml): {where}{getattr(exc, 'problem', None) or exc}"], str(path)) from None
+    if overrides:
+        if isinstance(raw, dict):
+            _set_paths(raw, overrides, str(path))
     spec = parse_spec(raw, source=str(path))
     src = spec.data.source
     if src.path and "://" not in src.path and not Path(src.path).is_absolute():

@@ -131,6 +131,24 @@ def test_apply_overrides_sets_paths_and_revalidates():
         apply_overrides(spec, {"train.workers": 0})
 
 
+def test_set_options_override_the_file_and_are_validated():
+    from rayline.spec import parse_set_options
+
+    path = ROOT / "pipelines" / "digits-torch.yaml"
+    overrides = parse_set_options(["train.epochs=2", "model.params.hidden_sizes=[8, 4]", "tune.num_samples = 3"])
+    assert overrides == {"train.epochs": 2, "model.params.hidden_sizes": [8, 4], "tune.num_samples": 3}
+    spec = load_spec(path, check_data=False, overrides=overrides)
+    assert spec.train.epochs == 2 and spec.model.params["hidden_sizes"] == [8, 4] and spec.tune.num_samples == 3
+    with pytest.raises(SpecError, match=r"--set: expected PATH=VALUE"):
+        parse_set_options(["train.epochs"])
+    with pytest.raises(SpecError, match=r"train.epochs.*greater than or equal to 1"):
+        load_spec(path, check_data=False, overrides={"train.epochs": 0})
+    with pytest.raises(SpecError, match=r"train.epochs.max: train.epochs is not a mapping, so it has no key .max. \(got 8\)"):
+        load_spec(path, check_data=False, overrides={"train.epochs.max": 3})
+    with pytest.raises(SpecError, match=r"train.epocs: unknown key"):
+        load_spec(path, check_data=False, overrides={"train.epocs": 3})
+
+
 def test_json_schema_is_closed_and_documents_keys():
     schema = spec_json_schema()
     assert schema["additionalProperties"] is False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 from dataclasses import dataclass, field
 
@@ -102,10 +103,12 @@ def locate_best(run_dir: str, metric: str, mode: str) -> TrainResult:
 
     File-based on purpose: with Train V2 inside Tune the checkpoint is not handed to
     Tune, and a trial stopped early by ASHA never returns a Result; its checkpoints are
-    still in storage.
+    still in storage. Only checkpoints Ray Train registered count: a worker that dies
+    between writing a checkpoint and its registration leaves an orphan directory that the
+    restarted attempt never resumes from nor deletes.
     """
     states = []
-    for ckpt in glob.glob(os.path.join(run_dir, "checkpoint_*")):
+    for ckpt in _registered_checkpoints(run_dir):
         state = read_state(ckpt)
         if state and metric in state["metrics"]:
             states.append((ckpt, state))
@@ -121,6 +124,21 @@ def locate_best(run_dir: str, metric: str, mode: str) -> TrainResult:
         resumed_from=latest["resumed_from"],
         run_dir=run_dir,
     )
+
+
+_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of registered checkpoints
+
+
+def _registered_checkpoints(run_dir: str) -> list[str]:
+    """The checkpoint dirs Ray Train's checkpoint manager kept; every checkpoint_* if it left no record."""
+    try:
+        with open(os.path.join(run_dir, _SNAPSHOT)) as fh:
+            names = [r["checkpoint_dir_name"] for r in json.load(fh)["checkpoint_results"]]
+        return [os.path.join(run_dir, name) for name in names]
+    except (OSError, ValueError, KeyError, TypeError):
+        # An older or newer Ray may name or shape this record differently: fall back to
+        # scanning, which is right whenever no attempt died mid-checkpoint.
+        return glob.glob(os.path.join(run_dir, "checkpoint_*"))
 
 
 def _root(exc: BaseException) -> str:
