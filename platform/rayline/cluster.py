@@ -20,7 +20,7 @@ from pathlib import Path
 from rayline.errors import ClusterError
 from rayline.workspace import Workspace
 
-__all__ = ["Connection", "connect", "cluster_up", "cluster_down", "cluster_status", "quiet_ray"]
+__all__ = ["Connection", "connect", "cluster_up", "cluster_down", "cluster_status", "quiet_ray", "quiet_driver_logs"]
 
 _TOKEN = Path.home() / ".ray" / "auth_token"
 
@@ -56,6 +56,23 @@ def quiet_ray() -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
 
+def quiet_driver_logs() -> None:
+    """Only warnings from Ray Data, Tune, Serve and MLflow on the terminal; `-v` shows all.
+
+    Ray Data logs every execution at INFO to the console (dozens per pipeline run), which
+    would bury rayline's own progress display. Its log file keeps everything.
+    """
+    import logging
+
+    import ray.data  # noqa: F401  (configures Ray Data's logging on import)
+
+    for handler in logging.getLogger("ray.data").handlers:
+        if "File" not in type(handler).__name__:  # Ray Data's SessionFileHandler keeps INFO
+            handler.setLevel(logging.WARNING)
+    for name in ("ray.serve", "ray.tune", "mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _recorded_head(ws: Workspace) -> str | None:
     try:
         info = json.loads(ws.cluster_file.read_text())
@@ -89,6 +106,8 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
     if ray.is_initialized():
         return Connection(address=None, embedded=False, owned=False)
     quiet_ray()
+    if not verbose:
+        quiet_driver_logs()
     address = address or os.environ.get("RAY_ADDRESS") or _recorded_head(ws)
     try:
         if address:

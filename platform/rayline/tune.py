@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,13 +137,14 @@ def tune_pipeline(
             metric=metric,
             mode=mode,
             num_samples=_num_samples(spec),
-            max_concurrent_trials=plan.concurrent_trials,
             scheduler=scheduler,
-            search_alg=BasicVariantGenerator(random_state=spec.data.split.seed),
+            # The limit goes to the generator itself: Tune ignores `max_concurrent_trials`
+            # (with only a warning) when the search algorithm is a BasicVariantGenerator.
+            search_alg=BasicVariantGenerator(max_concurrent=plan.concurrent_trials, random_state=spec.data.split.seed),
         ),
         run_config=tune.RunConfig(name=f"{experiment}-tune", storage_path=storage_path, verbose=0),
     )
-    grid = tuner.fit()
+    grid = _fit_keeping_sigint(tuner)
 
     trials: list[TrialOutcome] = []
     for result in grid:
@@ -177,3 +180,19 @@ def _trial_id(result) -> str | None:
     if df is not None and "trial_id" in df.columns and len(df):
         return str(df["trial_id"].iloc[-1])
     return None
+
+
+def _fit_keeping_sigint(tuner):
+    """`tuner.fit()`, then give SIGINT back to whoever had it.
+
+    Tune installs its own SIGINT handler ("Stop signal received, ending Ray Tune run") and
+    leaves it there, so Ctrl-C on `rayline run`, serving after the sweep, would be swallowed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return tuner.fit()  # Tune cannot install signal handlers off the main thread either
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        return tuner.fit()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+

@@ -1,4 +1,5 @@
-"""`rayline cluster up|status|down` and `rayline run` against a running cluster, through the CLI.
+"""The CLI as users run it, in subprocesses: the README's quick start on an embedded Ray
+(serves until Ctrl-C), and `rayline cluster up|status|down` with `rayline run` on a cluster.
 
 Runs before the other integration modules (file order) and never touches the session's
 embedded Ray: while two Ray instances share a machine, Ray's state API refuses to pick one,
@@ -7,8 +8,10 @@ so each head here is up only while nothing else trains.
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import httpx
 
@@ -17,6 +20,7 @@ from .conftest import ROOT
 HEAD_PORTS = (6390, 6391)
 DASHBOARD_PORTS = (8275, 8276)
 SERVE_PORT = 8767
+QUICK_START_PORT = 8768
 
 
 def _cli(ws, *args, timeout=600):
@@ -65,3 +69,37 @@ def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
             if (ws / "cluster.json").exists():
                 _cli(ws, "cluster", "down")
     assert info_b and _head_processes(info_b["temp_dir"]) == []
+
+
+def test_quick_start_serves_until_ctrl_c(tmp_path):
+    """`rayline run pipelines/digits-torch.yaml` (a smaller sweep): summary, a working curl, clean Ctrl-C."""
+    env = {**os.environ, "RAYLINE_WORKSPACE": str(tmp_path / "ws")}
+    env.pop("RAY_ADDRESS", None)
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rayline.cli", "run", "pipelines/digits-torch.yaml",
+                                 f"--port={QUICK_START_PORT}", "--set", "tune.num_samples=2", "--set", "train.epochs=3"],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 480
+        while "Press Ctrl-C to stop" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no served model within 8 minutes:\n" + log.read_text()[-3000:]
+            time.sleep(1)
+        text = log.read_text()
+        assert "registered: model digits version 1" in text and "trials" in text
+        curl = next(line.strip() for line in text.splitlines() if line.strip().startswith("curl -s -X POST"))
+        assert f"http://127.0.0.1:{QUICK_START_PORT}/digits/predict" in curl
+        body = json.loads(curl.split(" -d '", 1)[1].rstrip("'"))
+        assert len(body["instances"][0]) == 64  # one real row: every pixel feature
+        served = httpx.post(f"http://127.0.0.1:{QUICK_START_PORT}/digits/predict", json=body, timeout=60)
+        assert served.status_code == 200 and served.json()["predictions"][0] in range(10), served.text
+        assert "Starting execution of Dataset" not in text  # Ray Data's INFO logs stay off the terminal
+
+        proc.send_signal(signal.SIGINT)  # one Ctrl-C stops it, also after a Tune sweep
+        assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
+        assert "stopping..." in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
