@@ -64,12 +64,16 @@ def quiet_driver_logs() -> None:
     """
     import logging
 
+    # MLflow and Serve set their loggers' levels when first imported: ask MLflow through its
+    # setting, and import Serve first so our level is the one that stays.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     import ray.data  # noqa: F401  (configures Ray Data's logging on import)
+    import ray.serve  # noqa: F401
 
     for handler in logging.getLogger("ray.data").handlers:
         if "File" not in type(handler).__name__:  # Ray Data's SessionFileHandler keeps INFO
             handler.setLevel(logging.WARNING)
-    for name in ("ray.serve", "ray.tune", "mlflow", "alembic"):
+    for name in ("ray.serve", "ray.tune"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 

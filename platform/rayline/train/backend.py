@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Backend", "Predict", "import_callable"]
+__all__ = ["Backend", "Predict", "import_callable", "build_from_arch"]
 
 # features (n, d) float32 -> class probabilities (n, classes) or values (n,)
 Predict = Callable[[np.ndarray], np.ndarray]
@@ -76,3 +76,12 @@ def import_callable(ref: str, search_paths: list[str]) -> Callable[..., Any]:
         from rayline.errors import SpecError
 
         raise SpecError([f"model.import: module {module_name!r} has no attribute {attr!r}"]) from None
+
+
+def build_from_arch(arch: dict, builtin: Callable[..., Any]):
+    """The model `arch` describes: `model.import`'s callable if set, else the backend's `builtin`,
+    called as (num_features, num_outputs, **model.params)."""
+    model_spec = arch["model"]
+    factory = import_callable(model_spec["import"], arch.get("search_paths", [])) if model_spec.get("import") else builtin
+    return factory(arch["num_features"], arch["num_outputs"], **model_spec.get("params", {}))
+

@@ -12,10 +12,23 @@ import os
 import tempfile
 from typing import Callable
 
-__all__ = ["EpochReporter", "STATE_FILE", "MODEL_DIR", "read_state"]
+__all__ = ["EpochReporter", "STATE_FILE", "MODEL_DIR", "read_state", "shard_arrays"]
 
 STATE_FILE = "rayline_state.json"
 MODEL_DIR = "model"
+
+
+def shard_arrays(shard, num_features: int, label_dtype):
+    """All rows of a Ray Train dataset shard in memory: (features float32 (n, d), labels)."""
+    import numpy as np
+
+    features, labels = [], []
+    for batch in shard.iter_batches(batch_size=65536, batch_format="numpy"):
+        features.append(np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), -1))
+        labels.append(np.asarray(batch["label"], dtype=label_dtype))
+    if not features:
+        return np.zeros((0, num_features), np.float32), np.zeros((0,), label_dtype)
+    return np.concatenate(features), np.concatenate(labels)
 
 
 def read_state(checkpoint_dir: str) -> dict | None:

@@ -21,8 +21,8 @@ import os
 
 import numpy as np
 
-from rayline.train.backend import Backend, Predict, import_callable
-from rayline.train.loop import EpochReporter
+from rayline.train.backend import Backend, Predict, build_from_arch
+from rayline.train.loop import EpochReporter, shard_arrays
 from rayline.train.metrics import compute_metrics, softmax
 
 __all__ = ["TensorflowBackend", "BACKEND", "build_mlp"]
@@ -60,11 +60,7 @@ def _build(arch: dict):
     from rayline.errors import SpecError
 
     model_spec = arch["model"]
-    if model_spec.get("import"):
-        factory = import_callable(model_spec["import"], arch.get("search_paths", []))
-    else:
-        factory = build_mlp
-    model = factory(arch["num_features"], arch["num_outputs"], **model_spec.get("params", {}))
+    model = build_from_arch(arch, build_mlp)
     if not isinstance(model, keras.Model):
         raise SpecError(
             [f"model.import: {model_spec.get('import')} returned {type(model).__name__} (allowed: a Keras model (tf_keras.Model))"]
@@ -103,15 +99,6 @@ def _optimizer(spec: dict):
     return keras.optimizers.Adam(learning_rate=spec["lr"], epsilon=1e-8)
 
 
-def _arrays(shard, num_features: int, label_dtype) -> tuple[np.ndarray, np.ndarray]:
-    """All rows of a dataset shard as (features float32 (n, d), labels)."""
-    features, labels = [], []
-    for batch in shard.iter_batches(batch_size=65536, batch_format="numpy"):
-        features.append(np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), -1))
-        labels.append(np.asarray(batch["label"], dtype=label_dtype))
-    if not features:
-        return np.zeros((0, num_features), np.float32), np.zeros((0,), label_dtype)
-    return np.concatenate(features), np.concatenate(labels)
 
 
 def _load_npz(path: str) -> list[np.ndarray]:
@@ -200,7 +187,7 @@ class TensorflowBackend(Backend):
         train_shard = ray.train.get_dataset_shard("train")
         # "valid" is not split: every worker holds all of it, and every worker evaluates
         # it (reading variables can be a collective op, so all ranks must).
-        valid_x, valid_y = _arrays(ray.train.get_dataset_shard("valid"), num_features, label_dtype)
+        valid_x, valid_y = shard_arrays(ray.train.get_dataset_shard("valid"), num_features, label_dtype)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
 
         for epoch in range(reporter.start_epoch, config["epochs"]):

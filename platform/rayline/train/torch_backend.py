@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from rayline.train.backend import Backend, Predict, import_callable
+from rayline.train.backend import Backend, Predict, build_from_arch
 from rayline.train.loop import EpochReporter
 from rayline.train.metrics import compute_metrics, softmax
 
@@ -34,11 +34,7 @@ def build_mlp(num_features: int, num_outputs: int, hidden_sizes=(128, 64), dropo
 
 def _build(arch: dict):
     model_spec = arch["model"]
-    if model_spec.get("import"):
-        factory = import_callable(model_spec["import"], arch.get("search_paths", []))
-    else:
-        factory = build_mlp
-    model = factory(arch["num_features"], arch["num_outputs"], **model_spec.get("params", {}))
+    model = build_from_arch(arch, build_mlp)
     import torch.nn as nn
 
     if not isinstance(model, nn.Module):

@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict
-from rayline.train.loop import EpochReporter
+from rayline.train.loop import EpochReporter, shard_arrays
 from rayline.train.metrics import compute_metrics
 
 __all__ = ["XGBoostBackend", "BACKEND", "objective_params"]
@@ -62,15 +62,6 @@ def _outputs(raw: np.ndarray, task: str, num_outputs: int) -> np.ndarray:
     return raw.reshape(len(raw), num_outputs)
 
 
-def _arrays(shard, num_features: int, label_dtype) -> tuple[np.ndarray, np.ndarray]:
-    """All rows of a dataset shard as (features float32 (n, d), labels)."""
-    features, labels = [], []
-    for batch in shard.iter_batches(batch_size=65536, batch_format="numpy"):
-        features.append(np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), -1))
-        labels.append(np.asarray(batch["label"], dtype=label_dtype))
-    if not features:
-        return np.zeros((0, num_features), np.float32), np.zeros((0,), label_dtype)
-    return np.concatenate(features), np.concatenate(labels)
 
 
 def _settings(config: dict) -> tuple[dict, int, int, int]:
@@ -106,8 +97,8 @@ class XGBoostBackend(Backend):
         maximize = metric in _MAX_METRICS
         label_dtype = np.int64 if task == "classification" else np.float32
 
-        train_x, train_y = _arrays(ray.train.get_dataset_shard("train"), arch["num_features"], label_dtype)
-        valid_x, valid_y = _arrays(ray.train.get_dataset_shard("valid"), arch["num_features"], label_dtype)
+        train_x, train_y = shard_arrays(ray.train.get_dataset_shard("train"), arch["num_features"], label_dtype)
+        valid_x, valid_y = shard_arrays(ray.train.get_dataset_shard("valid"), arch["num_features"], label_dtype)
         # Every worker builds its DMatrix (construction syncs the column count over the collective).
         dtrain = xgb.DMatrix(train_x, label=train_y.astype(np.float32), nthread=params["nthread"])
 
