@@ -20,7 +20,7 @@ from pathlib import Path
 from rayline.errors import ClusterError
 from rayline.workspace import Workspace
 
-__all__ = ["Connection", "connect", "cluster_up", "cluster_down", "cluster_status", "quiet_ray", "quiet_driver_logs"]
+__all__ = ["Connection", "connect", "train_env", "cluster_up", "cluster_down", "cluster_status", "quiet_ray", "quiet_driver_logs"]
 
 _TOKEN = Path.home() / ".ray" / "auth_token"
 
@@ -54,6 +54,21 @@ def quiet_ray() -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+
+
+# Ray Train V2's controller collects each worker's report when it polls, every 2 s by
+# default, and a worker's next report waits until the last one is collected: every epoch
+# took at least 2 s, whatever the model. Polling at 0.25 s made the train stage of the
+# diabetes pipeline (40 epochs) 3.6x faster. The setting must reach the controller's process:
+# an embedded Ray and a `rayline cluster up` head inherit it from the environment (cheap); a
+# foreign cluster gets it through the job's runtime env (workers then start with that env).
+_TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+_TRAIN_POLL_S = "0.25"
+
+
+def train_env() -> dict[str, str]:
+    """Environment for every Ray process rayline starts; an explicit user setting wins."""
+    return {_TRAIN_POLL_ENV: os.environ.get(_TRAIN_POLL_ENV, _TRAIN_POLL_S)}
 
 
 def quiet_driver_logs() -> None:
@@ -116,10 +131,13 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
     try:
         if address:
             _enable_token_auth()
-            ray.init(address=address, log_to_driver=verbose, namespace="rayline")
+            # A head from `rayline cluster up` already has train_env(); another cluster gets it per job.
+            runtime_env = None if address == _recorded_head(ws) else {"env_vars": train_env()}
+            ray.init(address=address, log_to_driver=verbose, namespace="rayline", runtime_env=runtime_env)
             return Connection(address=address, embedded=False, owned=True)
         # The dashboard hosts Ray's state API, which Train V2 uses to free the placement
         # groups of trials Tune stops early; without it those CPUs leak.
+        os.environ.update(train_env())  # inherited by the raylet and every worker
         ray.init(num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=verbose, namespace="rayline",
                  configure_logging=True, logging_level="WARNING")
     except ConnectionError as exc:
@@ -155,7 +173,7 @@ def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, das
            f"--temp-dir={temp_dir}"]
     if num_cpus:
         cmd.append(f"--num-cpus={num_cpus}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, **train_env()})
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         raise ClusterError(f"`ray start --head --port={port}` failed: {lines[-1] if lines else proc.returncode}")

@@ -19,12 +19,13 @@ def pytest_collection_modifyitems(items):
 def ray_session():
     import ray
 
-    from rayline.cluster import quiet_ray
+    from rayline.cluster import quiet_ray, train_env
 
     quiet_ray()
     # 2 logical CPUs, as on the CI machine: the resource planner must make this fit. The
     # dashboard stays on: Ray's state API (Train's placement-group cleanup after Tune stops
     # a trial early, and the fault test's worker lookup) needs it.
+    os.environ.update(train_env())  # as `rayline run` does: the Train controller polls reports faster
     ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, namespace="rayline-tests")
     yield ray
     from ray import serve

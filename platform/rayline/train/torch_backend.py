@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict, build_from_arch
-from rayline.train.loop import EpochReporter
+from rayline.train.loop import EpochReporter, shard_arrays
 from rayline.train.metrics import compute_metrics, softmax
 
 __all__ = ["TorchBackend", "BACKEND", "build_mlp"]
@@ -16,6 +16,7 @@ __all__ = ["TorchBackend", "BACKEND", "build_mlp"]
 _WEIGHTS = "weights.pt"
 _OPTIMIZER = "optimizer.pt"
 _ARCH = "arch.json"
+_EVAL_BATCH = 4096
 
 
 def build_mlp(num_features: int, num_outputs: int, hidden_sizes=(128, 64), dropout: float = 0.0):
@@ -76,7 +77,11 @@ class TorchBackend(Backend):
         loss_fn = torch.nn.CrossEntropyLoss() if classification else torch.nn.MSELoss()
         label_dtype = torch.long if classification else torch.float32
         train_shard = ray.train.get_dataset_shard("train")
-        valid_shard = ray.train.get_dataset_shard("valid")
+        # "valid" is not split and never changes: read it once, not one Ray Data execution
+        # per epoch (most of an epoch's time on small data).
+        valid_x, valid_y = shard_arrays(ray.train.get_dataset_shard("valid"), config["arch"]["num_features"],
+                                        np.int64 if classification else np.float32)
+        valid_x = torch.from_numpy(valid_x).to(device)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
         dtypes = {"features": torch.float32, "label": label_dtype}
 
@@ -93,13 +98,10 @@ class TorchBackend(Backend):
                 optimizer.step()
 
             model.eval()
-            outputs, labels = [], []
             with torch.no_grad():
-                for batch in valid_shard.iter_torch_batches(batch_size=1024, dtypes=dtypes, device=device):
-                    outputs.append(model(batch["features"]).cpu().numpy())
-                    labels.append(batch["label"].cpu().numpy())
-            raw = np.concatenate(outputs)
-            metrics = compute_metrics(config["task"], softmax(raw) if classification else raw.reshape(-1), np.concatenate(labels))
+                outputs = [model(valid_x[i:i + _EVAL_BATCH]).cpu().numpy() for i in range(0, len(valid_x), _EVAL_BATCH)]
+            raw = np.concatenate(outputs) if outputs else np.zeros((0, config["arch"]["num_outputs"]), np.float32)
+            metrics = compute_metrics(config["task"], softmax(raw) if classification else raw.reshape(-1), valid_y)
 
             def save(model_dir: str) -> None:
                 os.makedirs(model_dir)
