@@ -15,6 +15,7 @@ from rayline.data.preprocess import (
     column_kind,
     fit_preprocessing,
 )
+from rayline.data.partials import label_summary
 from rayline.data.schema_check import infer_task
 from rayline.data.sources import fingerprint, read_dataset
 from rayline.errors import DataError
@@ -75,11 +76,10 @@ def prepare_data(spec) -> PreparedData:
     kinds = dict(zip(schema.names, (column_kind(t) for t in schema.types)))
     ds = ds.select_columns(names + [label]).materialize()
 
-    null_labels = _count_null(ds, label)
+    null_labels, classes = label_summary(ds, label)
     if null_labels:
         raise DataError(f"data.label: {null_labels} rows have no label in column {label!r} (allowed: drop them from the data)")
     label_kind = kinds[label]
-    classes = ds.unique(label)
     task = spec.task or infer_task(label_kind, len(classes))
     if task == "classification":
         if len(classes) < 2:
@@ -128,11 +128,6 @@ def prepare_data(spec) -> PreparedData:
     )
 
 
-def _count_null(ds, column: str) -> int:
-    counts = ds.map_batches(
-        lambda b: pd.DataFrame({"n": [int(b[column].isna().sum())]}), batch_format="pandas"
-    ).sum("n")
-    return int(counts or 0)
 
 
 def _unwrap_data_error(exc: Exception) -> Exception:

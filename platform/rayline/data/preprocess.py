@@ -199,44 +199,26 @@ _APPLY = {
 
 
 class _DatasetStats:
-    """Statistics of a Ray Dataset via Ray Data aggregations (distributed)."""
+    """Statistics of a Ray Dataset, from per-block partials (data/partials.py): one task-pool
+    pass per step instead of one hash-shuffle aggregation per column and statistic."""
 
     def __init__(self, ds):
         self.ds = ds.materialize()
 
     def numeric(self, names: tuple[str, ...], cols: list[str]) -> dict[str, dict[str, float | None]]:
-        """`{stat: {col: value}}` for every stat in `names` over `cols`, in ONE Ray Data pass.
+        from rayline.data.partials import numeric_stats
 
-        One aggregation per column would launch a Ray Data execution each: 128 of them for
-        standard-scaling sklearn's 64 digits pixels, minutes on a small machine.
-        """
-        from ray.data.aggregate import Max, Mean, Min, Quantile, Std
-
-        make = {
-            "mean": lambda c, a: Mean(c, ignore_nulls=True, alias_name=a),
-            "median": lambda c, a: Quantile(on=c, q=0.5, ignore_nulls=True, alias_name=a),
-            "std": lambda c, a: Std(c, ddof=0, ignore_nulls=True, alias_name=a),
-            "min": lambda c, a: Min(c, ignore_nulls=True, alias_name=a),
-            "max": lambda c, a: Max(c, ignore_nulls=True, alias_name=a),
-        }
-        if not cols:
-            return {name: {} for name in names}
-        aggs = [make[name](col, f"{name}\x00{col}") for name in names for col in cols]
-        row = self.ds.aggregate(*aggs)
-        out: dict[str, dict[str, float | None]] = {name: {} for name in names}
-        for key, value in row.items():
-            name, col = key.split("\x00", 1)
-            if isinstance(value, list):  # Quantile returns a list in some Ray versions
-                value = value[0] if value else None
-            out[name][col] = None if value is None or _isnan(value) else float(value)
-        return out
+        return numeric_stats(self.ds, names, cols)
 
     def unique(self, col):
-        return [c for c in self.ds.unique(col, ignore_nulls=True) if not _isnan(c)]
+        from rayline.data.partials import distinct_values
+
+        return distinct_values(self.ds, col)
 
     def value_counts(self, col):
-        rows = self.ds.groupby(col).count().take_all()
-        return [(r[col], r["count()"]) for r in rows if r[col] is not None and not _isnan(r[col])]
+        from rayline.data.partials import value_counts
+
+        return value_counts(self.ds, col)
 
     def apply(self, step):
         return _DatasetStats(self.ds.map_batches(_StepApplier(step), batch_format="pandas"))
