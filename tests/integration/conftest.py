@@ -34,6 +34,28 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def free_serve_apps_after_module():
+    """Delete the Serve apps a test module deployed once it is done with them.
+
+    Their replicas hold CPUs (and autoscale up under the offline==online bursts); on a
+    2-core machine later pipelines would then rightly fail fast for lack of CPUs.
+    """
+    yield
+    import ray
+
+    if not ray.is_initialized():
+        return
+    from ray import serve
+
+    try:
+        apps = list(serve.status().applications)
+    except Exception:
+        return  # Serve never started in this session
+    for name in apps:
+        serve.delete(name)
+
+
 @pytest.fixture(scope="session")
 def ws(tmp_path_factory):
     from rayline.workspace import workspace

@@ -1,5 +1,7 @@
 """Deployment files: KubeRay manifests validate strictly against the v1.7 CRDs; Serve configs build."""
 
+import gzip
+import json
 from pathlib import Path
 
 import jsonschema
@@ -7,7 +9,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-CRDS = ROOT.parent / "shared" / "kuberay-crds"
+CRDS = ROOT / "tests" / "data" / "kuberay-crds"  # vendored: see its README
 MANIFESTS = sorted((ROOT / "deploy" / "kuberay").glob("*.yaml"))
 
 
@@ -24,12 +26,11 @@ def _closed(schema):
 
 
 def _crd_schema(kind):
-    for path in CRDS.glob("*.yaml"):
-        crd = yaml.safe_load(path.read_text())
-        if crd["spec"]["names"]["kind"] == kind:
-            version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
-            return _closed(version["schema"]["openAPIV3Schema"])
-    raise LookupError(kind)
+    path = CRDS / f"{kind}.v1.schema.json.gz"
+    if not path.exists():
+        raise LookupError(f"no vendored CRD schema for {kind} at {path}")
+    with gzip.open(path, "rt") as fh:
+        return _closed(json.load(fh)["openAPIV3Schema"])
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
