@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,12 +126,13 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
     quiet_ray()
     if not verbose:
         quiet_driver_logs()
-    address = address or os.environ.get("RAY_ADDRESS") or _recorded_head(ws)
+    recorded = _recorded_head(ws)
+    address = address or os.environ.get("RAY_ADDRESS") or recorded
     try:
         if address:
             _enable_token_auth()
             # A head from `rayline cluster up` already has train_env(); another cluster gets it per job.
-            runtime_env = None if address == _recorded_head(ws) else {"env_vars": train_env()}
+            runtime_env = None if address == recorded else {"env_vars": train_env()}
             ray.init(address=address, log_to_driver=verbose, namespace="rayline", runtime_env=runtime_env)
             return Connection(address=address, embedded=False, owned=True)
         # The dashboard hosts Ray's state API, which Train V2 uses to free the placement

@@ -466,11 +466,12 @@ def _set_paths(raw: dict, overrides: dict[str, Any], source: str) -> None:
     for path, value in overrides.items():
         node = raw
         *parents, leaf = path.split(".")
+        keys = parents + [leaf]
         for depth, p in enumerate(parents):
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                where = ".".join(parents[: depth + 1])
-                raise SpecError([f"{path}: {where} is not a mapping, so it has no key {parents[depth + 1] if depth + 1 < len(parents) else leaf!r} (got {node!r})"], source)
+                where = ".".join(keys[: depth + 1])
+                raise SpecError([f"{path}: {where} is not a mapping, so it has no key {keys[depth + 1]!r} (got {node!r})"], source)
         node[leaf] = copy.deepcopy(value)
 
 
@@ -515,9 +516,8 @@ def load_spec(path: str | Path, check_data: bool = True, overrides: dict[str, An
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise SpecError([f"(yaml): {where}{getattr(exc, 'problem', None) or exc}"], str(path)) from None
-    if overrides:
-        if isinstance(raw, dict):
-            _set_paths(raw, overrides, str(path))
+    if overrides and isinstance(raw, dict):  # a non-mapping file fails in parse_spec below
+        _set_paths(raw, overrides, str(path))
     spec = parse_spec(raw, source=str(path))
     src = spec.data.source
     if src.path and "://" not in src.path and not Path(src.path).is_absolute():

@@ -67,7 +67,7 @@ class _Moments:
                 "m2": float(((x - mean) ** 2).sum()) if n else 0.0,
                 "min": float(x.min()) if n else None,
                 "max": float(x.max()) if n else None,
-                "values": x if self.keep_values else None,
+                "values": [x] if self.keep_values else None,  # joined once, at the end
             }
         return out
 
@@ -85,7 +85,7 @@ def _combine(a: dict, b: dict) -> dict:
         return a
     n = a["n"] + b["n"]
     delta = b["mean"] - a["mean"]
-    values = None if a["values"] is None else np.concatenate([a["values"], b["values"]])
+    values = None if a["values"] is None else a["values"] + b["values"]
     return {
         "n": n,
         "mean": a["mean"] + delta * b["n"] / n,
@@ -121,7 +121,7 @@ def combine_numeric(partials: list[dict], names: tuple[str, ...], cols: list[str
             elif name == "std":
                 value = math.sqrt(m["m2"] / m["n"])
             elif name == "median":
-                value = float(np.median(m["values"]))
+                value = float(np.median(np.concatenate(m["values"])))
             else:
                 value = m[name]
             out[name][col] = value
@@ -136,13 +136,18 @@ class _Distinct:
         return _plain(pd.unique(_present(batch[self.col])))
 
 
-def distinct_values(ds, col: str) -> list:
-    """The distinct non-null values of `col` (unordered)."""
+def _union(value_lists) -> list:
+    """The distinct values of several lists; 1, 1.0 and True stay apart."""
     seen: dict = {}
-    for values in block_partials(ds, _Distinct(col)):
+    for values in value_lists:
         for value in values:
             seen.setdefault((type(value).__name__, value), value)
     return list(seen.values())
+
+
+def distinct_values(ds, col: str) -> list:
+    """The distinct non-null values of `col` (unordered)."""
+    return _union(block_partials(ds, _Distinct(col)))
 
 
 class _Counts:
@@ -174,9 +179,5 @@ class _LabelSummary:
 
 def label_summary(ds, col: str) -> tuple[int, list]:
     """(rows with no value in `col`, its distinct values), in one pass."""
-    nulls, seen = 0, {}
-    for partial in block_partials(ds, _LabelSummary(col)):
-        nulls += partial["nulls"]
-        for value in partial["values"]:
-            seen.setdefault((type(value).__name__, value), value)
-    return nulls, list(seen.values())
+    parts = block_partials(ds, _LabelSummary(col))
+    return sum(p["nulls"] for p in parts), _union(p["values"] for p in parts)

@@ -128,8 +128,6 @@ def prepare_data(spec) -> PreparedData:
     )
 
 
-
-
 def _unwrap_data_error(exc: Exception) -> Exception:
     text = str(exc)
     marker = "rayline.errors.DataError: "

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rayline.data import partials
 from rayline.errors import DataError
 
 __all__ = ["FeatureInfo", "LabelInfo", "FittedPreprocessing", "column_kind", "fit_preprocessing"]
@@ -206,19 +207,13 @@ class _DatasetStats:
         self.ds = ds.materialize()
 
     def numeric(self, names: tuple[str, ...], cols: list[str]) -> dict[str, dict[str, float | None]]:
-        from rayline.data.partials import numeric_stats
-
-        return numeric_stats(self.ds, names, cols)
+        return partials.numeric_stats(self.ds, names, cols)
 
     def unique(self, col):
-        from rayline.data.partials import distinct_values
-
-        return distinct_values(self.ds, col)
+        return partials.distinct_values(self.ds, col)
 
     def value_counts(self, col):
-        from rayline.data.partials import value_counts
-
-        return value_counts(self.ds, col)
+        return partials.value_counts(self.ds, col)
 
     def apply(self, step):
         return _DatasetStats(self.ds.map_batches(_StepApplier(step), batch_format="pandas"))
