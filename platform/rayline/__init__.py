@@ -14,6 +14,7 @@ from rayline.errors import (
     RaylineError,
     RegistryError,
     ResourceError,
+    PredictionError,
     ServeError,
     SpecError,
     TrainingError,
@@ -37,6 +38,7 @@ __all__ = [
     "TrainingError",
     "RegistryError",
     "ServeError",
+    "PredictionError",
     "ClusterError",
 ]
 

@@ -10,6 +10,7 @@ __all__ = [
     "TrainingError",
     "RegistryError",
     "ServeError",
+    "PredictionError",
     "ClusterError",
 ]
 
@@ -54,6 +55,10 @@ class RegistryError(RaylineError):
 
 class ServeError(RaylineError):
     """The model could not be deployed or queried."""
+
+
+class PredictionError(ServeError):
+    """The model produced an output that cannot be returned (a non-finite value)."""
 
 
 class ClusterError(RaylineError):

@@ -25,7 +25,7 @@ import pandas as pd
 import yaml
 
 from rayline.data.preprocess import FittedPreprocessing
-from rayline.errors import DataError
+from rayline.errors import DataError, PredictionError
 
 __all__ = ["Predictor", "write_artifact", "WEIGHTS_DIR", "META_FILE", "PREPROCESSING_FILE"]
 
@@ -81,6 +81,9 @@ class Predictor:
         for key, value in backend.worker_env().items():
             os.environ.setdefault(key, value)
         self._predict = backend.load(os.path.join(model_dir, WEIGHTS_DIR), self.meta)
+        classes = self.preprocessing.label.classes or []
+        self._labels = _plain_list(classes)  # class id -> original label, as JSON scalars
+        self._label_names = [str(c) for c in classes]
 
     @property
     def name(self) -> str:
@@ -90,19 +93,52 @@ class Predictor:
     def task(self) -> str:
         return self.meta["task"]
 
-    def predict_frame(self, frame: pd.DataFrame, probabilities: bool = False) -> dict:
+    # The request path: rows -> encode (compiled preprocessing, numpy) -> infer -> respond.
+    # Each step is public so the Serve app can batch requests between them.
+
+    def encode(self, rows: list[dict]) -> np.ndarray:
+        """Raw rows (feature name -> JSON value) -> float32 model input (n, d).
+
+        Raises DataError naming the feature for a value the model cannot take: an unseen
+        category under `handle_unknown: error`, a missing value no impute step fills, or a
+        number that overflows the model's float32 input after preprocessing.
+        """
+        return self.preprocessing.encode_records(rows)
+
+    def infer(self, features: np.ndarray) -> np.ndarray:
+        """Model outputs for a float32 matrix: probabilities (n, classes) or values (n,).
+
+        Raises PredictionError when the model produced a non-finite value, so no NaN or
+        infinity ever reaches a response."""
+        outputs = np.asarray(self._predict(features))
+        if outputs.size and not np.isfinite(outputs).all():
+            bad = int(np.flatnonzero(~np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=1))[0])
+            raise PredictionError(
+                f"instances[{bad}]: the model produced a non-finite output for this row "
+                "(its inputs are far outside the training data)"
+            )
+        return outputs
+
+    def respond(self, outputs: np.ndarray, probabilities: bool = False) -> dict:
         """{'predictions': [...], 'probabilities': [{label: p}, ...] (classification, when asked)}."""
+        if self.task == "regression":
+            return {"predictions": np.asarray(outputs, dtype=np.float64).reshape(-1).tolist()}
+        result: dict[str, Any] = {"predictions": [self._labels[i] for i in outputs.argmax(axis=1).tolist()]}
+        if probabilities:
+            names = self._label_names
+            result["probabilities"] = [dict(zip(names, row)) for row in np.asarray(outputs, dtype=np.float64).tolist()]
+        return result
+
+    def predict(self, rows: list[dict] | pd.DataFrame, probabilities: bool = False) -> dict:
+        """Predictions for raw rows (a list of dicts or a DataFrame), exactly as the endpoint answers."""
+        features = self.preprocessing.transform(rows) if isinstance(rows, pd.DataFrame) else self.encode(rows)
+        return self.respond(self.infer(features), probabilities)
+
+    def predict_frame(self, frame: pd.DataFrame, probabilities: bool = False) -> dict:
         missing = [f.name for f in self.preprocessing.features if f.name not in frame.columns]
         if missing:
             raise DataError(f"input: missing feature columns {missing}")
-        outputs = self._predict(self.preprocessing.transform(frame))
-        if self.task == "regression":
-            return {"predictions": [float(v) for v in np.asarray(outputs).reshape(-1)]}
-        result: dict[str, Any] = {"predictions": _plain_list(self.preprocessing.decode(outputs.argmax(axis=1)))}
-        if probabilities:
-            labels = [str(c) for c in self.preprocessing.label.classes]
-            result["probabilities"] = [dict(zip(labels, map(float, row))) for row in outputs]
-        return result
+        return self.predict(frame, probabilities)
 
     def evaluate(self, frame: pd.DataFrame) -> dict[str, float]:
         """Metrics of this model on labelled raw rows (the test split)."""
@@ -111,22 +147,6 @@ class Predictor:
         outputs = self._predict(self.preprocessing.transform(frame))
         labels = self.preprocessing.encode_labels(frame[self.preprocessing.label.name])
         return compute_metrics(self.task, outputs, labels)
-
-    def predict(self, rows: list[dict] | pd.DataFrame, probabilities: bool = False) -> dict:
-        frame = rows if isinstance(rows, pd.DataFrame) else records_to_frame(rows, self.preprocessing)
-        return self.predict_frame(frame, probabilities)
-
-
-def records_to_frame(rows: list[dict], preprocessing: FittedPreprocessing) -> pd.DataFrame:
-    """Request rows -> a frame whose column types match training (ints stay ints, nulls are NaN)."""
-    columns = {}
-    for feature in preprocessing.features:
-        values = [row.get(feature.name) for row in rows]
-        if feature.kind in ("integer", "number", "boolean") and feature.categories is None:
-            columns[feature.name] = pd.Series([np.nan if v is None else v for v in values], dtype="float64")
-        else:
-            columns[feature.name] = pd.Series(values, dtype=object)
-    return pd.DataFrame(columns)
 
 
 def _plain_list(values) -> list:

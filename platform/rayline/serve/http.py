@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from rayline.errors import DataError
-from rayline.model import Predictor, records_to_frame
+from rayline.model import Predictor
 from rayline.serve.schema import PredictResponse, build_request_model
 
 __all__ = ["build_http_app"]
@@ -30,7 +30,7 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
     def predict(body: Request):  # type: ignore[valid-type]
         rows = [instance.model_dump(by_alias=True) for instance in body.instances]
         try:
-            result = predictor.predict_frame(records_to_frame(rows, predictor.preprocessing), body.probabilities)
+            result = predictor.predict(rows, body.probabilities)
         except DataError as exc:
             return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", "instances"], "msg": str(exc), "type": "value_error"}]})
         return {**result, "model": name, "version": version}
