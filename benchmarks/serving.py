@@ -1,0 +1,318 @@
+"""Serving benchmark: rayline's endpoint against a hand-written FastAPI server, one machine, one run.
+
+    python benchmarks/serving.py [--quick] [--workspace W] [--json-out result.json]
+
+1. A registered digits model: a local Ray head (`rayline cluster up`) in a temporary
+   workspace under benchmarks/, then `rayline run pipelines/digits-torch.yaml` (1 trial,
+   3 epochs), which deploys the endpoint and returns. `--workspace W` reuses W's endpoint
+   when it already answers. Everything this script started is stopped in a `finally`
+   (Ctrl-C included): `rayline cluster down`, the baseline server, the temporary workspace.
+2. (a) benchmarks/baseline_server.py: FastAPI + uvicorn, the same torch weights and standard
+   scaling, bare float lists.  (b) rayline: `POST /digits/predict` with `{"instances": [...]}`.
+3. One client (harness.LoadClient: aiohttp in its own process) measures both servers with
+   real digits rows: p50/p99 and requests/s at concurrency 1, 8, 32 with one-row requests,
+   and rows/s with 1,000-row requests; after a correctness check that both servers answer
+   200 and agree with each other and with rayline's offline predictor on a sample of rows.
+4. Prints the figures, the ratio (b)/(a) and the issue's targets (PASS/MISS), the machine,
+   the versions, and the client's own CPU use next to the machine's.
+
+Exit code: 0 when it measured (targets missed or not), 1 when a correctness check failed or
+a server answered errors, 2 on a setup failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import LoadClient, LoadResult, ServerProcess, format_table, machine_info, wait_http  # noqa: E402
+
+__all__ = ["main"]
+
+REPO = Path(__file__).resolve().parent.parent
+SPEC = REPO / "pipelines" / "digits-torch.yaml"
+MODEL = "digits"
+ROUTE = "/digits"
+BATCH_ROWS = 1000
+SAMPLE_ROWS = 64  # rows of the correctness check
+PACKAGES = ("rayline", "ray", "torch", "fastapi", "uvicorn", "pydantic", "numpy", "aiohttp")
+
+# The issue's targets, as (b)/(a) ratios in the same run: (figure key, comparison, bound).
+TARGETS = {
+    "p50_ms@1": ("<=", 1.3),
+    "req/s@32": (">=", 1.0),
+    f"rows/s@{BATCH_ROWS}": (">=", 0.8),
+}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="rayline endpoint vs a hand-written FastAPI server (same weights).")
+    p.add_argument("--quick", action="store_true", help="short run: 1 s warm-up and 4 s per measurement")
+    p.add_argument("--seconds", type=float, help="seconds per measurement (default 15; --quick 4)")
+    p.add_argument("--warmup", type=float, help="warm-up seconds before each measurement (default 3; --quick 1)")
+    p.add_argument("--concurrency", default="1,8,32", help="one-row request concurrencies (default 1,8,32)")
+    p.add_argument("--batch-concurrency", type=int, default=2, help=f"concurrency of the {BATCH_ROWS}-row requests")
+    p.add_argument("--workspace", type=Path, help="reuse this workspace (its endpoint if it answers); default: a temporary one")
+    p.add_argument("--ray-port", type=int, default=6390, help="GCS port of the Ray head it starts")
+    p.add_argument("--dashboard-port", type=int, default=8290)
+    p.add_argument("--serve-port", type=int, default=8820, help="Ray Serve HTTP port (b)")
+    p.add_argument("--baseline-port", type=int, default=8821, help="hand-written server port (a)")
+    p.add_argument("--baseline-threads", type=int, default=1, help="torch threads of the hand-written server")
+    p.add_argument("--json-out", type=Path, help="also write the results as JSON here")
+    args = p.parse_args(argv)
+    args.seconds = args.seconds or (4.0 if args.quick else 15.0)
+    args.warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 3.0)
+    args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c]
+    return args
+
+
+def _rayline(*argv: str, timeout_s: float) -> None:
+    """A rayline CLI command from the repo root (never /tmp: a Ray driver there imports /tmp/ray)."""
+    cmd = [shutil.which("rayline") or "rayline", *argv]
+    print("$ rayline " + " ".join(argv), flush=True)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise SystemExit(f"setup failed: `rayline {' '.join(argv)}` exited {proc.returncode}:\n{tail}")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        wait_http(url, timeout_s=2)
+        return True
+    except RuntimeError:
+        return False
+
+
+def _head_alive(ws: Path) -> bool:
+    """Whether `ws` records a live head from `rayline cluster up` (then it is not ours to stop)."""
+    from rayline.cluster import cluster_status
+    from rayline.workspace import workspace
+
+    return bool(cluster_status(workspace(str(ws), None)).get("alive"))
+
+
+def _copy_artifact(model_dir: str, dest: Path) -> None:
+    """The files the hand-written server reads, copied out of the registered artifact."""
+    (dest / "weights").mkdir(parents=True, exist_ok=True)
+    for name in ("arch.json", "weights.pt"):
+        shutil.copy(os.path.join(model_dir, "weights", name), dest / "weights" / name)
+    shutil.copy(os.path.join(model_dir, "preprocessing.json"), dest / "preprocessing.json")
+
+
+def _digits(features: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """sklearn's bundled digits as (rows in `features` order, labels)."""
+    from sklearn.datasets import load_digits
+
+    frame = load_digits(as_frame=True).frame
+    return frame[features].to_numpy(dtype=np.float64), frame["target"].to_numpy()
+
+
+def _bodies(x: np.ndarray, features: list[str], rows: int, count: int) -> tuple[list[bytes], list[bytes]]:
+    """`count` pre-encoded request bodies of `rows` rows each, for (a) and for (b)."""
+    a, b = [], []
+    for k in range(count):
+        idx = [(k * rows + j) % len(x) for j in range(rows)]
+        a.append(json.dumps({"inputs": x[idx].tolist()}).encode())
+        b.append(json.dumps({"instances": [dict(zip(features, r)) for r in x[idx].tolist()]}).encode())
+    return a, b
+
+
+def _check_agreement(a_url: str, b_url: str, predictor, x: np.ndarray, y: np.ndarray, features: list[str]) -> dict:
+    """Both servers answer 200 and predict the same labels as rayline's offline predictor."""
+    import httpx
+
+    rng = np.random.default_rng(0)
+    idx = rng.choice(len(x), SAMPLE_ROWS, replace=False)
+    rows = x[idx]
+    ra = httpx.post(a_url, json={"inputs": rows.tolist()}, timeout=30)
+    rb = httpx.post(b_url, json={"instances": [dict(zip(features, r)) for r in rows.tolist()]}, timeout=30)
+    problems = [f"{name}: HTTP {r.status_code}: {r.text[:300]}" for name, r in (("(a)", ra), ("(b)", rb)) if r.status_code != 200]
+    if problems:
+        return {"ok": False, "problems": problems}
+    pa, body_b = ra.json()["predictions"], rb.json()
+    pb = body_b["predictions"]
+    try:
+        offline = predictor.predict([dict(zip(features, r)) for r in rows.tolist()])["predictions"]
+    except Exception as exc:  # a broken offline path is a finding of the check, not a crash of the benchmark
+        return {"ok": False, "problems": [f"offline predictor: {type(exc).__name__}: {exc}"]}
+    agree_ab = sum(int(p == q) for p, q in zip(pa, pb))
+    agree_offline = sum(int(p == q) for p, q in zip(pb, offline))
+    if agree_ab != len(idx) or agree_offline != len(idx):
+        problems.append(f"predictions differ on a sample of {len(idx)} rows: (a)=(b) on {agree_ab}, (b)=offline on {agree_offline}")
+    if str(body_b.get("version")) != str(predictor.version):
+        problems.append(f"the endpoint serves version {body_b.get('version')}, the registry's newest is {predictor.version}")
+    accuracy = float(np.mean(np.asarray(pb) == y[idx]))
+    return {"ok": not problems, "problems": problems, "rows": len(idx), "agree_a_b": agree_ab,
+            "agree_b_offline": agree_offline, "sample_accuracy": accuracy, "version": body_b.get("version")}
+
+
+def _ratio(key: str, a: dict, b: dict) -> float:
+    return b[key] / a[key] if a.get(key) else float("nan")
+
+
+def _figures(results: dict[str, LoadResult]) -> dict[str, float]:
+    out = {}
+    for scenario, r in results.items():
+        if scenario.startswith("rows"):
+            out[f"rows/s@{BATCH_ROWS}"] = r.rows_per_s
+            out[f"p50_ms@{BATCH_ROWS}"] = r.p50_ms
+        else:
+            c = r.concurrency
+            out[f"p50_ms@{c}"], out[f"p99_ms@{c}"], out[f"req/s@{c}"] = r.p50_ms, r.p99_ms, r.requests_per_s
+    return out
+
+
+def _report(args, machine: dict, check: dict, res_a: dict, res_b: dict) -> tuple[str, dict]:
+    fa, fb = _figures(res_a), _figures(res_b)
+    rows, verdicts = [], {}
+    for key in fa:
+        ratio = _ratio(key, fa, fb)
+        target, verdict = "", ""
+        if key in TARGETS:
+            op, bound = TARGETS[key]
+            ok = ratio <= bound if op == "<=" else ratio >= bound
+            target, verdict = f"{op} {bound}x", ("PASS" if ok else "MISS")
+            verdicts[key] = {"ratio": ratio, "target": f"{op} {bound}", "result": verdict}
+        fmt = "{:.2f}" if "ms" in key else "{:.0f}"
+        label = key.replace("@", " @ ") + (f" rows/request, concurrency {args.batch_concurrency}" if key.endswith(f"@{BATCH_ROWS}") else "")
+        rows.append([label, fmt.format(fa[key]), fmt.format(fb[key]), f"{ratio:.2f}x", target, verdict])
+    table = format_table(["figure", "(a) FastAPI by hand", "(b) rayline", "(b)/(a)", "target", ""], rows)
+    load_rows = []
+    for scenario in res_a:
+        for name, r in (("(a)", res_a[scenario]), ("(b)", res_b[scenario])):
+            load_rows.append([scenario, name, r.requests, r.errors, f"{r.client_cpu:.2f}", f"{r.machine_cpu:.2f}"])
+    load = format_table(["scenario", "server", "requests", "errors", "client cores", "machine cores busy"], load_rows)
+    v = machine["versions"]
+    text = "\n".join([
+        f"\nmachine: {machine['cores']} cores, {machine['cpu']}, {machine['ram_gib']} GiB RAM, {machine['os']}, "
+        f"load average (1 min) at start {machine['load_avg_1m']}",
+        "versions: python " + machine["python"] + ", " + ", ".join(f"{k} {v[k]}" for k in v),
+        f"run: {args.warmup:g} s warm-up + {args.seconds:g} s per measurement, closed loop, keep-alive; "
+        f"baseline torch threads {args.baseline_threads}; correctness: {check.get('agree_a_b')}/{check.get('rows')} rows agree "
+        f"(a)=(b), {check.get('agree_b_offline')}/{check.get('rows')} (b)=offline, model version {check.get('version')}",
+        "", table, "", "client and machine CPU (cores busy over each measurement; the machine figure includes everyone):",
+        load,
+    ])
+    return text, {"figures": {"a": fa, "b": fb, "ratio": {k: _ratio(k, fa, fb) for k in fa}}, "targets": verdicts}
+
+
+def _measure_all(args, client: LoadClient, urls: tuple[str, str], x: np.ndarray, features: list[str]):
+    res_a: dict[str, LoadResult] = {}
+    res_b: dict[str, LoadResult] = {}
+    one_a, one_b = _bodies(x, features, 1, len(x))
+    big_a, big_b = _bodies(x, features, BATCH_ROWS, 4)
+    scenarios = [(f"1 row @ {c}", one_a, one_b, c, 1) for c in args.concurrency]
+    scenarios.append((f"rows {BATCH_ROWS} @ {args.batch_concurrency}", big_a, big_b, args.batch_concurrency, BATCH_ROWS))
+    for name, bodies_a, bodies_b, conc, rows in scenarios:
+        # (a) then (b) per scenario, so slow drifts in the neighbours' load hit both alike.
+        for label, url, bodies, out in (("(a)", urls[0], bodies_a, res_a), ("(b)", urls[1], bodies_b, res_b)):
+            r = client.measure(url, bodies, conc, args.seconds, warmup_s=args.warmup, rows_per_request=rows)
+            out[name] = r
+            print(f"  {name:<16} {label} {r.requests_per_s:8.1f} req/s  p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms  "
+                  f"errors {r.errors}  client {r.client_cpu:.2f} cores  machine {r.machine_cpu:.2f} cores", flush=True)
+            if r.first_error:
+                print(f"    first error: {r.first_error}", flush=True)
+    return res_a, res_b
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    started = time.monotonic()
+    owned_ws = args.workspace is None
+    ws = (args.workspace or REPO / "benchmarks" / f".workspace-{os.getpid()}").resolve()
+    started_cluster = False
+    a_url = f"http://127.0.0.1:{args.baseline_port}"
+    b_url = f"http://127.0.0.1:{args.serve_port}{ROUTE}"
+    baseline = None
+    client = None
+    try:
+        if owned_ws or not _healthy(f"{b_url}/health"):
+            ws.mkdir(parents=True, exist_ok=True)
+            if owned_ws or not _head_alive(ws):
+                _rayline("cluster", "up", "--workspace", str(ws), "--port", str(args.ray_port),
+                         "--dashboard-port", str(args.dashboard_port), timeout_s=300)
+                started_cluster = True
+            _rayline("run", str(SPEC.relative_to(REPO)), "--workspace", str(ws), "--port", str(args.serve_port),
+                     "--set", "tune.num_samples=1", "--set", "train.epochs=3", timeout_s=900)
+        else:
+            print(f"reusing the endpoint at {b_url} (workspace {ws})", flush=True)
+        setup_s = time.monotonic() - started
+
+        import rayline
+
+        predictor = rayline.load_model(MODEL, workspace=str(ws))
+        features = [f.name for f in predictor.preprocessing.features]
+        model_copy = ws / "baseline-model"
+        _copy_artifact(predictor.model_dir, model_copy)
+        x, y = _digits(features)
+
+        baseline = ServerProcess(
+            [sys.executable, str(REPO / "benchmarks" / "baseline_server.py"), "--model-dir", str(model_copy),
+             "--port", str(args.baseline_port), "--threads", str(args.baseline_threads)],
+            health_url=f"{a_url}/health", cwd=str(REPO), log_path=str(ws / "baseline_server.log"),
+        ).__enter__()
+        wait_http(f"{b_url}/health", timeout_s=60)
+        check = _check_agreement(f"{a_url}/predict", f"{b_url}/predict", predictor, x, y, features)
+        print(f"correctness: {'ok' if check['ok'] else 'FAILED'} {check}", flush=True)
+        if not check["ok"]:
+            print("not measuring: the servers must answer 200 and agree first", file=sys.stderr)
+            return 1
+
+        machine = machine_info(PACKAGES)
+        client = LoadClient()
+        print(f"measuring ({args.warmup:g} s warm-up + {args.seconds:g} s each):", flush=True)
+        res_a, res_b = _measure_all(args, client, (f"{a_url}/predict", f"{b_url}/predict"), x, features)
+        text, summary = _report(args, machine, check, res_a, res_b)
+        print(text)
+        errors = sum(r.errors for r in [*res_a.values(), *res_b.values()])
+        total_s = time.monotonic() - started
+        print(f"\nsetup {setup_s:.0f} s, total {total_s:.0f} s (teardown follows)")
+        if args.json_out:
+            result = {
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "machine": machine, "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                "correctness": check, **summary,
+                "results": {"a": {k: r.to_dict() for k, r in res_a.items()}, "b": {k: r.to_dict() for k, r in res_b.items()}},
+                "setup_s": setup_s, "total_s": total_s,
+            }
+            args.json_out.write_text(json.dumps(result, indent=1))
+            print(f"wrote {args.json_out}")
+        return 0 if check["ok"] and not errors else 1
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    finally:
+        # A second Ctrl-C must not cut the teardown short and leave a Ray head behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if client is not None:
+            client.close()
+        if baseline is not None:
+            baseline.stop()
+        if started_cluster:
+            _teardown_cluster(ws)
+        if owned_ws:
+            shutil.rmtree(ws, ignore_errors=True)
+
+
+def _teardown_cluster(ws: Path) -> None:
+    print(f"$ rayline cluster down --workspace {ws}", flush=True)
+    proc = subprocess.run([shutil.which("rayline") or "rayline", "cluster", "down", "--workspace", str(ws)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        print(f"warning: `rayline cluster down` exited {proc.returncode}: {proc.stderr.strip()[-300:]}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
