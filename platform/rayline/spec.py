@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
+from rayline.data.steps import STEP_SPEC_MODELS, STEPS
 from rayline.errors import SpecError
 from rayline.train.catalog import BACKENDS
 
@@ -100,54 +101,9 @@ class SplitSpec(_Strict):
         return self
 
 
-Columns = Union[list[str], Literal["numeric"]]
-
-
-class ImputeParams(_Strict):
-    columns: Columns = Field(description="Columns to fill, or `numeric` for every numeric feature.")
-    strategy: Literal["mean", "median", "most_frequent", "constant"] = "mean"
-    value: Optional[Union[float, int, str, bool]] = Field(None, description="Fill value for strategy constant.")
-
-    @model_validator(mode="after")
-    def _value(self):
-        if self.strategy == "constant" and self.value is None:
-            raise ValueError("value: required with strategy constant (got None; allowed: a number or string)")
-        if self.strategy != "constant" and self.value is not None:
-            raise ValueError(f"value: only used with strategy constant (got {self.value!r}; allowed: omit it)")
-        if self.strategy in ("mean", "median") and self.columns != "numeric":
-            pass  # numeric-ness is checked against the data in rayline.data
-        return self
-
-
-class OneHotParams(_Strict):
-    columns: list[str] = Field(min_length=1, description="Categorical columns to expand.")
-    handle_unknown: Literal["ignore", "error"] = Field(
-        "ignore", description="A category unseen in training: all-zero row (ignore) or 422 (error)."
-    )
-
-
-class ScaleParams(_Strict):
-    columns: Columns = Field(description="Columns to scale, or `numeric` for every numeric feature.")
-
-
-class ImputeStep(_Strict):
-    impute: ImputeParams
-
-
-class OneHotStep(_Strict):
-    one_hot: OneHotParams
-
-
-class StandardScaleStep(_Strict):
-    standard_scale: ScaleParams
-
-
-class MinMaxScaleStep(_Strict):
-    min_max_scale: ScaleParams
-
-
-PREPROCESS_KINDS = ("impute", "one_hot", "standard_scale", "min_max_scale")
-_STEP_MODELS = {"impute": ImputeStep, "one_hot": OneHotStep, "standard_scale": StandardScaleStep, "min_max_scale": MinMaxScaleStep}
+# Each preprocessing step's spec model comes from its class in data/steps.py (the registry).
+PREPROCESS_KINDS = tuple(STEPS)
+_STEP_MODELS = STEP_SPEC_MODELS
 
 
 def _step_tag(value: Any) -> str | None:

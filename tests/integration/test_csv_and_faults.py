@@ -113,7 +113,7 @@ def test_ray_data_fit_equals_pandas_fit(churn):
     on_ray = fit_preprocessing(ray.data.from_pandas(blocks), features, label, spec.data.preprocess)
     on_pandas = fit_preprocessing(frame, features, label, spec.data.preprocess)
     assert _rounded(on_ray.to_dict()) == _rounded(on_pandas.to_dict())
-    scale = on_ray.steps[-1]["stats"]
+    scale = on_ray.steps[-1].stats
     assert set(scale) == {"tenure", "fee"}  # `numeric`: the numeric input features
     assert scale["fee"][0] == pytest.approx(frame["fee"].mean()) and scale["fee"][1] == pytest.approx(frame["fee"].std(ddof=0))
 

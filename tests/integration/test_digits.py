@@ -56,13 +56,23 @@ def test_http_predictions_reach_test_accuracy(digits, test_split):
 
 
 def test_offline_and_online_predictions_are_identical(digits, test_split):
+    """HTTP answers equal the model's outputs on the same rows put through the training path
+    (Ray Data tasks, pandas batches from Arrow), computed without any serving code."""
+    import ray
+
+    from rayline.data.pipeline import _ToTrainingBatch
+
     frame, model = test_split
     features = [f.name for f in model.preprocessing.features]
     rows = frame[features].head(40).to_dict(orient="records")
+    ds = ray.data.from_pandas(frame.head(40)).map_batches(_ToTrainingBatch(model.preprocessing), batch_format="pandas")
+    reference = model._predict(np.stack(ds.take_batch(40, batch_format="numpy")["features"]))  # the backend's raw predict
     online = httpx.post(f"{digits.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60).json()
+    labels = [str(c) for c in model.preprocessing.label.classes]
+    assert np.array_equal(np.array([[p[label] for label in labels] for p in online["probabilities"]]), reference.astype(np.float64))
+    assert online["predictions"] == [model.preprocessing.label.classes[i] for i in reference.argmax(axis=1)]
     offline = model.predict(rows, probabilities=True)
-    assert online["predictions"] == offline["predictions"]
-    assert online["probabilities"] == offline["probabilities"]  # exact: same code, same state
+    assert online == {**offline, "model": "digits", "version": digits.version}
 
 
 ROW = {f"pixel_{i}_{j}": 0.0 for i in range(8) for j in range(8)}

@@ -28,11 +28,11 @@ def test_statistics_come_from_train_only_not_valid():
     fitted = _fit(TRAIN, {"impute": {"columns": ["age"], "strategy": "mean"}},
                   {"one_hot": {"columns": ["plan"]}}, {"standard_scale": {"columns": ["age"]}}, {"min_max_scale": {"columns": ["fee"]}})
     impute, one_hot, scale, min_max = fitted.steps
-    assert impute["fill"] == {"age": 40.0}
-    assert one_hot["categories"] == {"plan": ["basic", "pro"]}
-    mean, std = scale["stats"]["age"]
+    assert impute.fill == {"age": 40.0}
+    assert one_hot.categories == {"plan": ["basic", "pro"]}
+    mean, std = scale.stats["age"]
     assert mean == pytest.approx(40.0) and std == pytest.approx(np.std([20, 40, 40, 60]))
-    assert min_max["stats"]["fee"] == [10.0, 40.0]
+    assert min_max.stats["fee"] == [10.0, 40.0]
     # Transforming valid rows uses train statistics: values outside train's range stay outside.
     out = fitted.transform(VALID)
     assert fitted.output_columns == ["age", "plan=basic", "plan=pro", "fee"]
@@ -52,7 +52,7 @@ def test_fitting_on_other_rows_gives_other_state():
 def test_impute_strategies(strategy, value, expected):
     params = {"columns": ["age"], "strategy": strategy, **({"value": value} if value is not None else {})}
     fitted = _fit(TRAIN, {"impute": params}, {"one_hot": {"columns": ["plan"]}})
-    assert fitted.steps[0]["fill"]["age"] == expected
+    assert fitted.steps[0].fill["age"] == expected
     assert fitted.features[0].nullable is True and fitted.features[2].nullable is False
 
 
@@ -74,7 +74,7 @@ def test_string_feature_without_one_hot_is_rejected():
 
 
 def test_scaling_a_string_column_is_rejected():
-    with pytest.raises(DataError, match=r"standard_scale.columns: needs a numeric column \(got 'plan', a string column"):
+    with pytest.raises(DataError, match=r"standard_scale.columns\[0\]: needs a numeric column \(got 'plan', a string column"):
         _fit(TRAIN, {"standard_scale": {"columns": ["plan"]}})
 
 

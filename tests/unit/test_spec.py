@@ -113,8 +113,10 @@ def test_relative_data_path_resolves_against_spec_folder(tmp_path, monkeypatch):
     ({"data.label": "churned"}, "data.label: no such column in the data (got 'churned'; allowed: age, plan, churn)"),
     ({"data.features": ["age", "plann"]}, "data.features[1]: no such column in the data (got 'plann'; allowed: age, plan, churn)"),
     ({"data.preprocess": []}, "data.features: string columns ['plan'] need encoding"),
-    ({"data.preprocess": [{"one_hot": {"columns": ["plan"]}}, {"standard_scale": {"columns": ["plan", "age"]}}]},
-     "data.preprocess[1].standard_scale.columns[0]: needs a numeric column (got 'plan', a string column"),
+    ({"data.preprocess": [{"one_hot": {"columns": ["plan"]}}, {"standard_scale": {"columns": ["age", "plan"]}}]},
+     "data.preprocess[1].standard_scale.columns[1]: column 'plan' was one-hot encoded by data.preprocess[0], so no later step can use it"),
+    ({"data.preprocess": [{"standard_scale": {"columns": ["plan"]}}, {"one_hot": {"columns": ["plan"]}}]},
+     "data.preprocess[0].standard_scale.columns[0]: needs a numeric column, and 'plan' is one-hot encoded by data.preprocess[1]"),
 ])
 def test_spec_checked_against_its_data(tmp_path, changes, expected):
     with pytest.raises(SpecError) as info:

@@ -17,6 +17,7 @@ from rayline.data.preprocess import (
 )
 from rayline.data.partials import label_summary
 from rayline.data.schema_check import infer_task
+from rayline.data.steps import value_key, value_rank
 from rayline.data.sources import fingerprint, read_dataset
 from rayline.errors import DataError
 
@@ -84,9 +85,7 @@ def prepare_data(spec) -> PreparedData:
     if task == "classification":
         if len(classes) < 2:
             raise DataError(f"data.label: classification needs at least 2 classes (got {classes})")
-        from rayline.data.preprocess import _key, _rank
-
-        label_info = LabelInfo(name=label, task=task, classes=sorted({_key(c) for c in classes}, key=_rank))
+        label_info = LabelInfo(name=label, task=task, classes=sorted({value_key(c) for c in classes}, key=value_rank))
     else:
         if label_kind in ("string", "boolean"):
             raise DataError(f"task: regression needs a numeric label (got {label!r}, a {label_kind} column)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rayline.data.preprocess import column_kind
+from rayline.data.steps import check_steps
 from rayline.errors import DataError
 
 __all__ = ["check_spec_against_data", "infer_task"]
@@ -41,32 +42,18 @@ def check_spec_against_data(spec) -> list[str]:
             problems.append(f"data.features[{i}]: no such column in the data (got {col!r}; allowed: {allowed})")
     known = [c for c in features if c in columns]
     kinds = {c: column_kind(frame[c].dtype) for c in known}
-    numeric = [c for c in known if kinds[c] != "string"]
-    encoded = set()
+    problems += check_steps(features, kinds, spec.data.preprocess)
+    # A one_hot with handle_unknown: error needs categories; a sample with no value at all
+    # in that column will not have any in the train split either.
     for i, step in enumerate(spec.data.preprocess):
         kind, params = next(iter(step.model_dump().items()))
-        cols = params["columns"]
-        if cols == "numeric":
-            continue
-        for j, col in enumerate(cols):
-            where = f"data.preprocess[{i}].{kind}.columns[{j}]"
-            if col not in features:
-                problems.append(f"{where}: not a feature (got {col!r}; allowed: {', '.join(map(str, features[:20]))})")
-            elif col in kinds and kind in ("standard_scale", "min_max_scale") and kinds[col] == "string":
-                problems.append(f"{where}: needs a numeric column (got {col!r}, a string column; allowed: {', '.join(numeric[:20])})")
-            elif col in kinds and kind == "impute" and params["strategy"] in ("mean", "median") and kinds[col] == "string":
-                problems.append(
-                    f"{where}: strategy {params['strategy']} needs a numeric column (got {col!r}, a string column; "
-                    "allowed: strategy most_frequent or constant)"
-                )
-        if kind == "one_hot":
-            encoded.update(cols)
-    unencoded = [c for c in known if kinds[c] == "string" and c not in encoded]
-    if unencoded:
-        problems.append(
-            f"data.features: string columns {unencoded} need encoding "
-            f"(allowed: add `- one_hot: {{columns: {unencoded}}}` to data.preprocess, or leave them out of data.features)"
-        )
+        if kind == "one_hot" and params["handle_unknown"] == "error":
+            for j, col in enumerate(params["columns"]):
+                if col in kinds and frame[col].notna().sum() == 0:
+                    problems.append(
+                        f"data.preprocess[{i}].one_hot.columns[{j}]: column {col!r} has no values in the data, so with "
+                        "handle_unknown: error every request would be rejected (got no categories; allowed: handle_unknown: ignore)"
+                    )
     if label in columns and spec.task is not None:
         lk = column_kind(frame[label].dtype)
         if spec.task == "regression" and lk in ("string", "boolean"):

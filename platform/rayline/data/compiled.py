@@ -1,0 +1,292 @@
+"""Fitted preprocessing compiled to vectorised numpy operations on whole batches.
+
+Why: applied column by column with pandas, standard scaling of digits' 64 pixels cost
+28-58 ms per one-row request (the model itself: 0.05 ms). Compiled, the same step is two
+numpy operations on one 2-D array, whatever the number of columns.
+
+Layout of a batch while the steps run:
+  - `num`: every numeric feature that no one_hot encodes, as one (n, k) float64 array in
+    feature order, NaN for a missing value;
+  - `cat`: each one-hot-encoded feature as an object array of raw values (None/NaN missing);
+  - `hot`: each encoded feature's (n, categories) float32 0/1 block, once its one_hot ran.
+The same `CompiledTransform` runs on Ray Data's pandas batches in training (`transform_frame`)
+and on request rows in serving (`transform_records`): offline and online predictions are the
+same code on the same fitted state. Consecutive affine steps (standard_scale, min_max_scale)
+are fused into one scale-and-shift when the transform is compiled.
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import Callable
+
+import numpy as np
+
+from rayline.errors import DataError
+
+__all__ = ["Batch", "Layout", "AffineOp", "FillNumericOp", "FillCategoryOp", "OneHotOp", "CompiledTransform", "FLOAT32_MAX"]
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+class Batch:
+    """The columns of n rows while the compiled steps run (see the module docstring)."""
+
+    __slots__ = ("num", "cat", "hot", "where", "raw")
+
+    def __init__(self, num: np.ndarray, cat: dict[str, np.ndarray], where: Callable[[int], str], raw=None):
+        self.num = num
+        self.cat = cat
+        self.hot: dict[str, np.ndarray] = {}
+        self.where = where  # row index -> error prefix: "instances[3]." for requests, "" for data
+        self.raw = raw  # the request rows, to echo one offending value in an error
+
+    def __len__(self) -> int:
+        return self.num.shape[0]
+
+
+class Layout:
+    """Where each input feature lives in a `Batch`."""
+
+    def __init__(self, numeric: list[str], categorical: list[str]):
+        self.numeric = numeric
+        self.categorical = categorical
+        self.index = {name: i for i, name in enumerate(numeric)}
+
+    @property
+    def width(self) -> int:
+        return len(self.numeric)
+
+
+# ---------------------------------------------------------------- operations
+
+
+class AffineOp:
+    """num <- num * scale + shift, per column (identity where scale=1, shift=0)."""
+
+    def __init__(self, scale: np.ndarray, shift: np.ndarray):
+        self.scale, self.shift = scale, shift
+
+    def fuse(self, after: "AffineOp") -> "AffineOp":
+        """One op equal to applying self, then `after`."""
+        return AffineOp(self.scale * after.scale, self.shift * after.scale + after.shift)
+
+    def __call__(self, batch: Batch) -> None:
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported, with the feature, at the end
+            batch.num *= self.scale
+            batch.num += self.shift
+
+
+class FillNumericOp:
+    """Missing numeric values <- per-column fill values."""
+
+    def __init__(self, fill: np.ndarray, mask: np.ndarray):
+        self.fill, self.mask = fill, mask
+
+    def __call__(self, batch: Batch) -> None:
+        missing = np.isnan(batch.num)
+        missing &= self.mask
+        if missing.any():
+            np.copyto(batch.num, np.broadcast_to(self.fill, batch.num.shape), where=missing)
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
+class FillCategoryOp:
+    """Missing values of one categorical column <- a fill value."""
+
+    def __init__(self, column: str, value):
+        self.column, self.value = column, value
+
+    def __call__(self, batch: Batch) -> None:
+        values = batch.cat[self.column]
+        for i, value in enumerate(values):
+            if _missing(value):
+                values[i] = self.value
+
+
+class OneHotOp:
+    """One categorical column -> its (n, categories) 0/1 block; a missing value is all zeros."""
+
+    def __init__(self, column: str, categories: list, error_on_unknown: bool):
+        from rayline.data.steps import value_key
+
+        self.column, self.categories, self.error = column, categories, error_on_unknown
+        self.index = {value_key(c): j for j, c in enumerate(categories)}
+        self._key = value_key
+
+    def __call__(self, batch: Batch) -> None:
+        index, key = self.index, self._key
+        n = len(batch)
+        codes = np.fromiter((-2 if _missing(v) else index.get(key(v), -1) for v in batch.cat[self.column]), np.int64, n)
+        if self.error and (codes == -1).any():
+            row = int(np.flatnonzero(codes == -1)[0])
+            raise DataError(
+                f"{batch.where(row)}{self.column}: category not seen in training "
+                f"(got {batch.cat[self.column][row]!r}; allowed: {', '.join(map(str, self.categories))})"
+            )
+        block = np.zeros((n, len(self.categories)), np.float32)
+        rows = np.flatnonzero(codes >= 0)
+        block[rows, codes[rows]] = 1.0
+        batch.hot[self.column] = block
+
+
+def fuse(ops: list) -> list:
+    """Consecutive affine operations as one."""
+    out: list = []
+    for op in ops:
+        if isinstance(op, AffineOp) and out and isinstance(out[-1], AffineOp):
+            out[-1] = out[-1].fuse(op)
+        else:
+            out.append(op)
+    return out
+
+
+# ---------------------------------------------------------------- the transform
+
+
+class CompiledTransform:
+    """Raw rows (request dicts or a pandas frame) -> the model's float32 input matrix."""
+
+    def __init__(self, features: list, steps: list, categorical: set | None = None):
+        # `categorical`: every column a one_hot encodes — given when compiling the first steps
+        # of a pipeline for fitting, before its one_hot steps are fitted.
+        encoded = {col for step in steps if step.kind == "one_hot" for col in step.columns}
+        categorical = encoded | set(categorical or ())
+        self.layout = Layout([f.name for f in features if f.name not in categorical],
+                             [f.name for f in features if f.name in categorical])
+        self.ops = fuse([op for step in steps for op in step.compile(self.layout)])
+        categories = {col: cats for step in steps if step.kind == "one_hot" for col, cats in step.categories.items()}
+        # Output columns: features in order, each one-hot column replaced by its block.
+        self.output_columns: list[str] = []
+        numeric_positions, self.blocks = [], []
+        for f in features:
+            if f.name in encoded:
+                start = len(self.output_columns)
+                self.output_columns += [f"{f.name}={c}" for c in categories[f.name]]
+                self.blocks.append((f.name, start, len(self.output_columns)))
+            elif f.name not in categorical:  # one not yet encoded has no output: only `intermediate_frame` reads it
+                numeric_positions.append(len(self.output_columns))
+                self.output_columns.append(f.name)
+        self.numeric_positions = np.array(numeric_positions, dtype=np.intp)
+        self.numeric_only = not self.blocks  # then the output is the numeric block itself
+        self._getter = itemgetter(*self.layout.numeric) if len(self.layout.numeric) > 1 else None
+
+    # ------------------------------------------------------------ inputs
+
+    def batch_from_records(self, rows: list[dict]) -> Batch:
+        numeric, n = self.layout.numeric, len(rows)
+        try:
+            try:
+                # itemgetter over every row: 1.4x faster than a per-key comprehension on 1,000 rows.
+                values = list(map(self._getter, rows)) if len(numeric) > 1 else [[row[numeric[0]]] for row in rows] if numeric else [[]] * n
+            except KeyError:  # an imputed feature left out of a row
+                values = [[row.get(c) for c in numeric] for row in rows]
+            num = np.array(values, dtype=np.float64).reshape(n, len(numeric))
+        except (TypeError, ValueError, AttributeError):
+            raise _not_a_number(rows, numeric) from None
+        cat = {}
+        for col in self.layout.categorical:
+            values = np.empty(n, dtype=object)
+            values[:] = [row.get(col) for row in rows]
+            cat[col] = values
+        return Batch(num, cat, lambda i: f"instances[{i}].", raw=rows)
+
+    def batch_from_frame(self, frame) -> Batch:
+        missing = [c for c in self.layout.numeric + self.layout.categorical if c not in frame.columns]
+        if missing:
+            raise DataError(f"input: missing feature columns {missing}")
+        numeric = self.layout.numeric
+        try:
+            num = frame[numeric].to_numpy(dtype=np.float64, na_value=np.nan, copy=True).reshape(len(frame), len(numeric))
+        except (TypeError, ValueError):
+            bad = [c for c in numeric if not _is_numeric_column(frame[c])]
+            raise DataError(f"data: feature columns {bad} hold values that are not numbers (allowed: numeric columns, or one_hot them)") from None
+        cat = {col: frame[col].to_numpy(dtype=object, copy=True) for col in self.layout.categorical}
+        return Batch(num, cat, lambda i: "")
+
+    # ------------------------------------------------------------ running
+
+    def run(self, batch: Batch) -> Batch:
+        for op in self.ops:
+            op(batch)
+        return batch
+
+    def matrix(self, batch: Batch) -> np.ndarray:
+        """The steps' result as float32, checked: no missing value, nothing beyond float32's range."""
+        num = batch.num
+        nulls = np.isnan(num)
+        if nulls.any():
+            raise self._null_error(batch, nulls)
+        with np.errstate(over="ignore"):
+            if self.numeric_only:
+                out = num.astype(np.float32)
+            else:
+                out = np.empty((len(batch), len(self.output_columns)), np.float32)
+                out[:, self.numeric_positions] = num
+                for col, start, stop in self.blocks:
+                    out[:, start:stop] = batch.hot[col]
+        if not np.isfinite(out).all():
+            raise self._overflow_error(batch, out)
+        return out
+
+    def transform_records(self, rows: list[dict]) -> np.ndarray:
+        return self.matrix(self.run(self.batch_from_records(rows)))
+
+    def transform_frame(self, frame) -> np.ndarray:
+        return self.matrix(self.run(self.batch_from_frame(frame)))
+
+    def intermediate_frame(self, frame):
+        """The columns as the steps leave them, by feature name (the fit's statistics read these)."""
+        import pandas as pd
+
+        batch = self.run(self.batch_from_frame(frame))
+        columns = {name: batch.num[:, i] for i, name in enumerate(self.layout.numeric)}
+        columns.update(batch.cat)
+        return pd.DataFrame(columns, index=frame.index)
+
+    # ------------------------------------------------------------ errors naming the feature
+
+    def _null_error(self, batch: Batch, nulls: np.ndarray) -> DataError:
+        numeric = self.layout.numeric
+        if batch.raw is not None:
+            row, col = (int(i) for i in np.argwhere(nulls)[0])
+            return DataError(f"{batch.where(row)}{numeric[col]}: missing, and no impute step fills this feature (allowed: a number)")
+        bad = [numeric[j] for j in np.flatnonzero(nulls.any(axis=0))]
+        return DataError(
+            f"data.preprocess: columns {bad} hold nulls that no impute step fills "
+            f"(allowed: add `- impute: {{columns: {bad}}}` to data.preprocess)"
+        )
+
+    def _overflow_error(self, batch: Batch, out: np.ndarray) -> DataError:
+        row, col = (int(i) for i in np.argwhere(~np.isfinite(out))[0])
+        name = self.output_columns[col]
+        got = f" (got {batch.raw[row].get(name)!r}" if batch.raw is not None else " ("
+        return DataError(
+            f"{batch.where(row)}{name}: value overflows the model's float32 input after preprocessing"
+            f"{got}{'; ' if batch.raw is not None else ''}allowed: values whose preprocessed magnitude is at most {FLOAT32_MAX:.4g})"
+        )
+
+
+def _is_numeric_column(series) -> bool:
+    try:
+        series.to_numpy(dtype=np.float64, na_value=np.nan)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _not_a_number(rows: list[dict], numeric: list[str]) -> DataError:
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            return DataError(f"instances[{i}]: expected an object of feature values (got {type(row).__name__})")
+        for col in numeric:
+            value = row.get(col)
+            if value is not None and not isinstance(value, (int, float)):
+                try:
+                    float(value)
+                except (TypeError, ValueError):
+                    return DataError(f"instances[{i}].{col}: not a number (got {value!r}; allowed: a number)")
+    return DataError("instances: every row must map feature names to numbers")

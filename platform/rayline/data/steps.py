@@ -1,0 +1,465 @@
+"""Preprocessing steps: one class per step, registered in `STEPS`.
+
+A step class owns everything about its kind of step:
+  - `Params`, its spec model (what users write under `- <kind>: {...}` in data.preprocess);
+  - `check`, its static rules against the column plan (step order, column kinds), run by
+    `rayline validate` and again before fitting, so both report the same messages;
+  - `fit`, its typed fitted state from per-block statistics of the train split;
+  - `state`/`from_state`, its JSON form in the model artifact;
+  - `compile`, a vectorised numpy operation on whole batches (data/compiled.py).
+
+Adding a step is one class here plus one line in `STEPS`; spec.py, the data stage, the
+artifact and the request path all read the registry.
+
+Column rules every step follows (checked by `check_steps`): a column that one `one_hot`
+encodes is categorical for the whole pipeline — only `impute` may come before its
+`one_hot`, and no step may name it afterwards; every other column is numeric. `numeric` in
+a step's `columns` means every numeric feature that no step one-hot encodes.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+__all__ = [
+    "STEPS",
+    "Step",
+    "StepParams",
+    "ColumnPlan",
+    "Impute",
+    "OneHot",
+    "StandardScale",
+    "MinMaxScale",
+    "check_steps",
+    "step_from_state",
+    "value_key",
+    "value_rank",
+    "NUMERIC_KINDS",
+]
+
+NUMERIC_KINDS = ("integer", "number", "boolean")
+
+
+def value_key(value):
+    """Hashable, type-tolerant key: 1 and 1.0 and np.int64(1) name the same category or class."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value
+
+
+def value_rank(value):
+    """Sort key that orders mixed numbers and strings deterministically."""
+    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
+
+
+def is_missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+class StepParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+Columns = Union[list[str], Literal["numeric"]]
+
+
+# ---------------------------------------------------------------- the static column plan
+
+
+@dataclass
+class ColumnPlan:
+    """What the steps, in order, do to each column — known before any data is read."""
+
+    features: list[str]
+    kinds: dict[str, str]  # feature -> integer | number | boolean | string (absent: unknown yet)
+    categorical: dict[str, int] = field(default_factory=dict)  # column -> index of the one_hot step encoding it
+    done: set = field(default_factory=set)  # columns already one-hot encoded by an earlier step
+
+    @classmethod
+    def of(cls, features: list[str], kinds: dict[str, str], steps_spec: list) -> "ColumnPlan":
+        plan = cls(features=list(features), kinds=dict(kinds))
+        for index, (kind, params) in enumerate(_kind_and_params(s) for s in steps_spec):
+            if kind == OneHot.kind:
+                for col in params.columns:
+                    plan.categorical.setdefault(col, index)
+        return plan
+
+    def numeric(self) -> list[str]:
+        """Every numeric feature no step one-hot encodes (what `columns: numeric` means)."""
+        return [c for c in self.features if self.kinds.get(c) in NUMERIC_KINDS and c not in self.categorical]
+
+    def resolve(self, columns) -> list[str]:
+        return self.numeric() if columns == "numeric" else list(columns)
+
+
+def _kind_and_params(step_model) -> tuple[str, StepParams]:
+    """('impute', ImputeParams(...)) from a validated spec step such as ImputeStep(impute=...)."""
+    (kind,) = type(step_model).model_fields
+    return kind, getattr(step_model, kind)
+
+
+def check_steps(features: list[str], kinds: dict[str, str], steps_spec: list) -> list[str]:
+    """Every problem with the steps' order and columns, one message each, naming the step."""
+    plan = ColumnPlan.of(features, kinds, steps_spec)
+    problems: list[str] = []
+    allowed = ", ".join(map(str, features[:20])) + (", ..." if len(features) > 20 else "")
+    for index, step_model in enumerate(steps_spec):
+        kind, params = _kind_and_params(step_model)
+        cls = STEPS[kind]
+        where = f"data.preprocess[{index}].{kind}"
+        columns = plan.resolve(params.columns)
+        seen = set()
+        for j, col in enumerate(columns):
+            at = f"{where}.columns[{j}]" if params.columns != "numeric" else f"{where}.columns"
+            if col not in plan.features:
+                problems.append(f"{at}: not a feature (got {col!r}; allowed: {allowed})")
+                continue
+            if col in seen:
+                problems.append(f"{at}: column named twice in one step (got {col!r}; allowed: each column once)")
+                continue
+            seen.add(col)
+            if col in plan.done:
+                encoder = plan.categorical[col]
+                problems.append(
+                    f"{at}: column {col!r} was one-hot encoded by data.preprocess[{encoder}], so no later step "
+                    f"can use it (got {kind} after one_hot; allowed: impute before one_hot, scaling only on numeric columns)"
+                )
+                continue
+            problem = cls.check_column(at, col, params, plan, index)
+            if problem:
+                problems.append(problem)
+        cls.advance(plan, params, columns, index)
+    strings = [c for c in features if plan.kinds.get(c) == "string" and c not in plan.categorical]
+    if strings:
+        problems.append(
+            f"data.features: string columns {strings} need encoding "
+            f"(allowed: add `- one_hot: {{columns: {strings}}}` to data.preprocess, or leave them out of data.features)"
+        )
+    return problems
+
+
+# ---------------------------------------------------------------- the step base class
+
+
+class Step(ABC):
+    """One fitted preprocessing step: typed state, JSON form, and a compiled batch operation."""
+
+    kind: ClassVar[str]
+    Params: ClassVar[type[StepParams]]
+
+    @classmethod
+    def check_column(cls, at: str, col: str, params: StepParams, plan: ColumnPlan, index: int) -> str | None:
+        """The problem with this step using `col` at this point of the plan, or None."""
+        return None
+
+    @classmethod
+    def advance(cls, plan: ColumnPlan, params: StepParams, columns: list[str], index: int) -> None:
+        """Record what this step does to its columns in the plan."""
+
+    @classmethod
+    @abstractmethod
+    def fit(cls, where: str, params: StepParams, columns: list[str], stats) -> "Step":
+        """Fit on the train split; `stats` gives statistics of the columns as the earlier steps left them."""
+
+    @abstractmethod
+    def state(self) -> dict:
+        """JSON-ready fitted state (without the `kind` key)."""
+
+    @classmethod
+    @abstractmethod
+    def from_state(cls, state: dict) -> "Step":
+        ...
+
+    @property
+    @abstractmethod
+    def columns(self) -> list[str]:
+        ...
+
+    @abstractmethod
+    def compile(self, layout) -> list:
+        """Vectorised operations (data/compiled.py) applying this step to a `Batch` laid out as `layout`."""
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, **self.state()}
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.state()!r})"
+
+
+def _numeric_only(at: str, col: str, plan: ColumnPlan, what: str) -> str | None:
+    kind = plan.kinds.get(col)
+    if col in plan.categorical:
+        return (f"{at}: needs a numeric column, and {col!r} is one-hot encoded by "
+                f"data.preprocess[{plan.categorical[col]}] (got {col!r}; allowed: {', '.join(plan.numeric()[:20]) or 'none'})")
+    if kind == "string":
+        return f"{at}: needs a numeric column (got {col!r}, a string column; allowed: {', '.join(plan.numeric()[:20]) or 'none'})"
+    return None
+
+
+# ---------------------------------------------------------------- impute
+
+
+class ImputeParams(StepParams):
+    columns: Columns = Field(description="Columns to fill, or `numeric` for every numeric feature.")
+    strategy: Literal["mean", "median", "most_frequent", "constant"] = "mean"
+    value: Optional[Union[bool, int, float, str]] = Field(None, description="Fill value for strategy constant.")
+
+    @model_validator(mode="after")
+    def _value(self):
+        if self.strategy == "constant" and self.value is None:
+            raise ValueError("value: required with strategy constant (got None; allowed: a number or string)")
+        if self.strategy != "constant" and self.value is not None:
+            raise ValueError(f"value: only used with strategy constant (got {self.value!r}; allowed: omit it)")
+        return self
+
+
+class Impute(Step):
+    """Fill missing values with a statistic of the train split or a constant."""
+
+    kind = "impute"
+    Params = ImputeParams
+
+    def __init__(self, fill: dict[str, Any]):
+        self.fill = fill
+
+    @classmethod
+    def check_column(cls, at, col, params, plan, index):
+        if params.strategy in ("mean", "median"):
+            if plan.kinds.get(col) == "string":
+                return (f"{at}: strategy {params.strategy} needs a numeric column (got {col!r}, a string column; "
+                        "allowed: strategy most_frequent or constant)")
+            if col in plan.categorical:
+                return (f"{at}: strategy {params.strategy} on {col!r}, a column one-hot encoded by "
+                        f"data.preprocess[{plan.categorical[col]}], would invent a category (got {params.strategy}; "
+                        "allowed: strategy most_frequent or constant)")
+        if params.strategy == "constant":
+            value, kind = params.value, plan.kinds.get(col)
+            categorical = col in plan.categorical
+            if kind == "string" and not isinstance(value, str):
+                return f"{at}: constant value for string column {col!r} must be a string (got {value!r}; allowed: a string)"
+            if kind in NUMERIC_KINDS and not categorical and isinstance(value, str):
+                return f"{at}: constant value for {kind} column {col!r} must be a number (got {value!r}; allowed: a number)"
+            if kind == "integer" and categorical and not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+                return (f"{at}: constant value for integer column {col!r} must be an integer, or it would be a category "
+                        f"no training row has (got {value!r}; allowed: an integer)")
+        return None
+
+    @classmethod
+    def fit(cls, where, params, columns, stats):
+        strategy = params.strategy
+        centre = stats.numeric((strategy,), columns)[strategy] if strategy in ("mean", "median") else {}
+        fill = {}
+        for col in columns:
+            if strategy == "constant":
+                value = params.value
+            elif strategy == "most_frequent":
+                counts = stats.value_counts(col)
+                value = value_key(min(counts, key=lambda kv: (-kv[1], value_rank(value_key(kv[0]))))[0]) if counts else None
+            else:
+                value = centre[col]
+            if value is None:
+                from rayline.errors import DataError
+
+                raise DataError(f"{where}: column {col!r} has no values in the train split to impute from")
+            fill[col] = value
+        return cls(fill)
+
+    def state(self):
+        return {"fill": self.fill}
+
+    @classmethod
+    def from_state(cls, state):
+        return cls(dict(state["fill"]))
+
+    @property
+    def columns(self):
+        return list(self.fill)
+
+    def compile(self, layout):
+        import numpy as np
+
+        from rayline.data.compiled import FillCategoryOp, FillNumericOp
+
+        ops: list = [FillCategoryOp(col, value) for col, value in self.fill.items() if col not in layout.index]
+        numeric = {layout.index[col]: float(value) for col, value in self.fill.items() if col in layout.index}
+        if numeric:
+            fill, mask = np.full(layout.width, np.nan), np.zeros(layout.width, bool)
+            fill[list(numeric)] = list(numeric.values())
+            mask[list(numeric)] = True
+            ops.append(FillNumericOp(fill, mask))
+        return ops
+
+
+# ---------------------------------------------------------------- one-hot
+
+
+class OneHotParams(StepParams):
+    columns: list[str] = Field(min_length=1, description="Categorical columns to expand.")
+    handle_unknown: Literal["ignore", "error"] = Field(
+        "ignore", description="A category unseen in training: all-zero row (ignore) or 422 (error)."
+    )
+
+
+class OneHot(Step):
+    """Expand each categorical column into one 0/1 column per category seen in training."""
+
+    kind = "one_hot"
+    Params = OneHotParams
+
+    def __init__(self, categories: dict[str, list], handle_unknown: str):
+        self.categories = categories
+        self.handle_unknown = handle_unknown
+
+    @classmethod
+    def advance(cls, plan, params, columns, index):
+        plan.done.update(columns)
+
+    @classmethod
+    def fit(cls, where, params, columns, stats):
+        categories = {}
+        for col in columns:
+            cats = sorted({value_key(c) for c in stats.unique(col)}, key=value_rank)
+            if not cats and params.handle_unknown == "error":
+                from rayline.errors import DataError
+
+                raise DataError(
+                    f"{where}: column {col!r} has no values in the train split, so with handle_unknown: error "
+                    "every request would be rejected (allowed: handle_unknown: ignore, or data with values)"
+                )
+            categories[col] = cats
+        return cls(categories, params.handle_unknown)
+
+    def state(self):
+        return {"handle_unknown": self.handle_unknown, "categories": self.categories}
+
+    @classmethod
+    def from_state(cls, state):
+        return cls({k: list(v) for k, v in state["categories"].items()}, state["handle_unknown"])
+
+    @property
+    def columns(self):
+        return list(self.categories)
+
+    def compile(self, layout):
+        from rayline.data.compiled import OneHotOp
+
+        return [OneHotOp(col, cats, self.handle_unknown == "error") for col, cats in self.categories.items()]
+
+
+# ---------------------------------------------------------------- scaling (affine, fused at compile time)
+
+
+class ScaleParams(StepParams):
+    columns: Columns = Field(description="Columns to scale, or `numeric` for every numeric feature.")
+
+
+class _Affine(Step):
+    """x -> (x - offset) / span per column; consecutive affine steps fuse into one at compile time."""
+
+    stat_names: ClassVar[tuple[str, str]]
+    Params = ScaleParams
+
+    def __init__(self, stats: dict[str, list[float]]):
+        self.stats = stats
+
+    @classmethod
+    def check_column(cls, at, col, params, plan, index):
+        return _numeric_only(at, col, plan, cls.kind)
+
+    @classmethod
+    def fit(cls, where, params, columns, stats):
+        first, second = cls.stat_names
+        values = stats.numeric((first, second), columns)
+        pairs = {}
+        for col in columns:
+            a, b = values[first][col], values[second][col]
+            if a is None or b is None:
+                from rayline.errors import DataError
+
+                raise DataError(f"{where}: column {col!r} has no values in the train split")
+            pairs[col] = [a, b]
+        return cls(pairs)
+
+    def offset_and_span(self, col: str) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def state(self):
+        return {"stats": self.stats}
+
+    @classmethod
+    def from_state(cls, state):
+        return cls({k: list(v) for k, v in state["stats"].items()})
+
+    @property
+    def columns(self):
+        return list(self.stats)
+
+    def compile(self, layout):
+        import numpy as np
+
+        from rayline.data.compiled import AffineOp
+
+        scale, shift = np.ones(layout.width), np.zeros(layout.width)
+        for col in self.stats:
+            offset, span = self.offset_and_span(col)
+            scale[layout.index[col]] = 1.0 / span
+            shift[layout.index[col]] = -offset / span
+        return [AffineOp(scale, shift)]
+
+
+class StandardScale(_Affine):
+    """Zero mean and unit variance on the train split (a constant column is only centred)."""
+
+    kind = "standard_scale"
+    stat_names = ("mean", "std")
+
+    def offset_and_span(self, col):
+        mean, std = self.stats[col]
+        return mean, (std if std > 0 else 1.0)
+
+
+class MinMaxScale(_Affine):
+    """The train split's range onto [0, 1] (a constant column is only shifted)."""
+
+    kind = "min_max_scale"
+    stat_names = ("min", "max")
+
+    def offset_and_span(self, col):
+        low, high = self.stats[col]
+        return low, (high - low if high > low else 1.0)
+
+
+# ---------------------------------------------------------------- the registry
+
+STEPS: dict[str, type[Step]] = {cls.kind: cls for cls in (Impute, OneHot, StandardScale, MinMaxScale)}
+
+
+def step_from_state(data: dict) -> Step:
+    kind = data["kind"]
+    if kind not in STEPS:
+        from rayline.errors import DataError
+
+        raise DataError(f"preprocessing.json: unknown step kind (got {kind!r}; allowed: {', '.join(STEPS)})")
+    return STEPS[kind].from_state(data)
+
+
+def _camel(kind: str) -> str:
+    return "".join(part.title() for part in kind.split("_"))
+
+
+# The spec model of each step, `{<kind>: <Params>}`, named `<Kind>Step` (spec.py's error
+# formatting drops those names from error paths).
+STEP_SPEC_MODELS: dict[str, type[BaseModel]] = {
+    kind: create_model(f"{_camel(kind)}Step", __base__=StepParams, **{kind: (cls.Params, ...)})
+    for kind, cls in STEPS.items()
+}
