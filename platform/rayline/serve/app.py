@@ -22,72 +22,143 @@ from rayline.errors import ServeError
 __all__ = ["ModelServer", "build_app", "deploy"]
 
 
-@serve.deployment(max_ongoing_requests=16, health_check_period_s=10)
+@serve.deployment(max_ongoing_requests=64, health_check_period_s=10)
 @serve.ingress()
 class ModelServer:
     """Loads one registered model version and serves the HTTP API for it."""
 
-    def __init__(self, name: str, version: str | None, workspace: str, tracking_uri: str | None, max_instances: int):
+    def __init__(self, name: str, version: str | None, workspace: str, tracking_uri: str | None, settings: dict):
         from rayline.model import Predictor
         from rayline.registry import Registry
+        from rayline.spec import ServeSpec
         from rayline.workspace import workspace as make_workspace
 
         registry = Registry(make_workspace(workspace, tracking_uri))
         mv = registry.resolve(name, version)
         self.version = mv.version
         self.predictor = Predictor(registry.download(mv), version=mv.version)
-        self.max_instances = max_instances
+        self.settings = ServeSpec.model_validate(settings)
+        # Keys are read here, on the replica, from the variable or file the spec names: never a
+        # deployment argument, so never in Serve's config or status (rayline/serve/auth.py).
+        from rayline.serve.auth import load_api_keys
+
+        self.api_keys = load_api_keys(self.settings.auth.model_dump()) if self.settings.auth else None
+        self.infer = self._make_infer(float(settings.get("debug_infer_delay_s") or 0.0))
+
+    def _make_infer(self, delay_s: float):
+        predictor, batching = self.predictor, self.settings.batching
+        if batching.enabled:
+            from rayline.serve.batching import Batcher
+
+            infer = Batcher(predictor.infer, batching.max_batch_size, batching.wait_timeout_ms / 1000.0)
+        else:
+            async def infer(x):
+                return predictor.infer(x)
+        if not delay_s:
+            return infer
+
+        async def slow(x):  # test-only (build_app arg debug_infer_delay_s): a model that takes longer
+            import asyncio
+
+            await asyncio.sleep(delay_s)
+            return await infer(x)
+
+        return slow
 
     def __serve_build_asgi_app__(self):
         from rayline.serve.http import build_http_app
 
-        return build_http_app(self.predictor, self.version, self.max_instances)
+        s = self.settings
+        from rayline.serve.auth import install_auth
+        from rayline.serve.metrics import install_metrics
+
+        app = build_http_app(self.predictor, self.version, s.max_instances, infer=self.infer,
+                             max_body_bytes=s.max_body_bytes, request_timeout_s=s.request_timeout_s)
+        install_auth(app, self.api_keys)
+        install_metrics(app, self.predictor.name, self.version)  # last, so outermost: 401s are counted too
+        return app
+
+
+# build_app args besides the serve spec's own keys (route is the application's route_prefix).
+_APP_ARGS = {"name", "version", "workspace", "tracking_uri", "framework", "debug_infer_delay_s"}
 
 
 def build_app(args: dict[str, Any]):
     """Serve application builder. args: name (required), version, workspace, tracking_uri,
-    replicas {min, max, target_ongoing_requests, cpus}, max_instances."""
+    framework, and any key of the spec's `serve` section but route (replicas,
+    resources_per_replica, batching, max_ongoing_requests, max_queued_requests, ...)."""
     if not args.get("name"):
         raise ServeError("build_app args: 'name' is required (the registered model name)")
-    replicas = {"min": 1, "max": 1, "target_ongoing_requests": 2, "cpus": 0.25, **(args.get("replicas") or {})}
+    from pydantic import ValidationError
+
+    from rayline.spec import ServeSpec
     from rayline.train.catalog import backend_info, load_backend
 
+    settings = {k: v for k, v in args.items() if k not in _APP_ARGS}
+    unknown = sorted(set(settings) - set(ServeSpec.model_fields) | ({"route"} & set(settings)))
+    if unknown:
+        allowed = sorted(_APP_ARGS | set(ServeSpec.model_fields) - {"route"})
+        raise ServeError(f"build_app args: unknown keys {unknown} (allowed: {', '.join(allowed)})")
+    try:
+        spec = ServeSpec.model_validate(settings)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ServeError(f"build_app args: {problems}") from None
     env = {}
     if args.get("framework"):
         env = load_backend(args["framework"]).worker_env() if backend_info(args["framework"]) else {}
+    from ray.serve.config import BackpressureConfig
+
+    replicas, resources = spec.replicas, spec.resources_per_replica
+    actor_options: dict[str, Any] = {"num_cpus": resources.cpus}
+    if resources.gpus:
+        actor_options["num_gpus"] = resources.gpus
+    if env:
+        actor_options["runtime_env"] = {"env_vars": env}
     options: dict[str, Any] = {
         "name": f"{args['name']}-model",
         "autoscaling_config": {
-            "min_replicas": int(replicas["min"]),
-            "initial_replicas": max(1, int(replicas["min"])),
-            "max_replicas": int(replicas["max"]),
-            "target_ongoing_requests": float(replicas["target_ongoing_requests"]),
+            "min_replicas": replicas.min,
+            "initial_replicas": max(1, replicas.min),
+            "max_replicas": replicas.max,
+            "target_ongoing_requests": replicas.target_ongoing_requests,
+            "upscale_delay_s": replicas.upscale_delay_s,
+            "downscale_delay_s": replicas.downscale_delay_s,
+            "look_back_period_s": replicas.look_back_period_s,
         },
-        "ray_actor_options": {"num_cpus": float(replicas["cpus"]), **({"runtime_env": {"env_vars": env}} if env else {})},
+        "ray_actor_options": actor_options,
+        "max_ongoing_requests": spec.max_ongoing_requests,
+        # Ray Serve's own queue limit: a request past it is refused before it reaches a replica
+        # (proxy) or the app (direct ingress), with 429 and Retry-After instead of Ray's 503.
+        "max_queued_requests": spec.max_queued_requests,
+        "backpressure_config": BackpressureConfig(status_code=429, retry_after_s=spec.retry_after_s),
     }
+    settings = spec.model_dump()
+    if args.get("debug_infer_delay_s"):
+        settings["debug_infer_delay_s"] = float(args["debug_infer_delay_s"])
     return ModelServer.options(**options).bind(
         args["name"],
         str(args["version"]) if args.get("version") not in (None, "latest") else None,
         os.path.abspath(args["workspace"]) if args.get("workspace") else None,
         args.get("tracking_uri"),
-        int(args.get("max_instances", 10_000)),
+        settings,
     )
 
 
 def deploy(spec, version: str, ws, host: str, port: int) -> str:
     """Deploy `version` of model `spec.name` at `spec.route`; return the endpoint URL."""
-    serve_spec = spec.serve
+    from rayline.spec import ServeSpec
+
+    serve_spec = spec.serve or ServeSpec()
     args = {
         "name": spec.name,
         "version": version,
         "workspace": str(ws.root),
         "tracking_uri": ws.tracking_uri_override,
         "framework": spec.model.framework,
-        "replicas": serve_spec.replicas.model_dump() if serve_spec else None,
-        "max_instances": serve_spec.max_instances if serve_spec else 10_000,
+        **serve_spec.model_dump(exclude={"route"}),
     }
-    _wait_for_replica_resources(spec.name, serve_spec.replicas.cpus if serve_spec else 0.25,
-                                max(1, serve_spec.replicas.min) if serve_spec else 1)
+    _wait_for_replica_resources(spec.name, serve_spec.resources_per_replica.cpus, max(1, serve_spec.replicas.min))
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(args), name=spec.name, route_prefix=spec.route, blocking=False)
@@ -113,7 +184,7 @@ def _wait_for_replica_resources(name: str, cpus: float, replicas: int, timeout_s
             from rayline.errors import ResourceError
 
             raise ResourceError(
-                f"serve.replicas.cpus: {replicas} replica(s) of {name} need {need:g} CPUs; the cluster has "
-                f"{available:g} available after {timeout_s:g}s (allowed: lower serve.replicas.cpus or min, or free CPUs)"
+                f"serve.resources_per_replica.cpus: {replicas} replica(s) of {name} need {need:g} CPUs; the cluster has "
+                f"{available:g} available after {timeout_s:g}s (allowed: lower serve.resources_per_replica.cpus or serve.replicas.min, or free CPUs)"
             )
         time.sleep(0.5)

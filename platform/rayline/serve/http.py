@@ -2,38 +2,98 @@
 
 Routes, relative to the Serve route prefix: POST /predict, GET /health, GET /metadata,
 and FastAPI's /docs and /openapi.json. Pure FastAPI: testable without Ray.
+
+The request path: body bytes (size-checked) -> one pydantic-core validation into plain
+dicts (schema.build_request_adapter) -> `predictor.encode` (numpy) -> `infer` (the model,
+through the batcher on a replica) -> `predictor.respond`. No pandas, no per-row model
+objects; the validators are built once per replica, here.
 """
 
-# No `from __future__ import annotations`: FastAPI must see the generated request model
-# itself, not its name as a string, to read it as the JSON body.
-from fastapi import FastAPI
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Awaitable, Callable, Optional
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
-from rayline.errors import DataError
+from rayline.errors import DataError, PredictionError
 from rayline.model import Predictor
-from rayline.serve.schema import PredictResponse, build_request_model
+from rayline.serve.limits import BodyTooLarge, read_body
+from rayline.serve.metrics import observe_rows
+from rayline.serve.responses import error_response, install_error_handlers, validation_response
+from rayline.serve.schema import FLOAT32_MAX, PredictResponse, build_request_adapter, build_request_model
 
-__all__ = ["build_http_app"]
+__all__ = ["build_http_app", "DEFAULT_MAX_BODY_BYTES"]
+
+DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+
+AsyncInfer = Callable[[np.ndarray], Awaitable[np.ndarray]]
 
 
-def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_000) -> FastAPI:
+def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_000, *,
+                   infer: Optional[AsyncInfer] = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                   request_timeout_s: Optional[float] = None) -> FastAPI:
+    """`infer`: awaitable model call (the replica passes its batcher); default: the model directly."""
     name = predictor.name
     app = FastAPI(
         title=f"rayline model {name}",
         version=version,
         description=f"{predictor.meta['framework']} {predictor.task} model {name!r}, version {version}.",
     )
-    Request = build_request_model(predictor.preprocessing, max_instances)
+    install_error_handlers(app)
+    adapter = build_request_adapter(predictor.preprocessing, max_instances)
     features = predictor.preprocessing.features
+    nullable = [f.name for f in features if f.nullable]
+    if infer is None:
+        async def infer(x: np.ndarray) -> np.ndarray:
+            return predictor.infer(x)
 
-    @app.post("/predict", response_model=PredictResponse, response_model_exclude_none=True)
-    def predict(body: Request):  # type: ignore[valid-type]
-        rows = [instance.model_dump(by_alias=True) for instance in body.instances]
+    @app.post("/predict", response_model=PredictResponse, response_model_exclude_none=True,
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": {"$ref": "#/components/schemas/PredictRequest"}}}}},
+              responses={413: {"description": "Body larger than serve.max_body_bytes"},
+                         422: {"description": "Invalid request: each error names the field"},
+                         429: {"description": "Queue full (serve.max_queued_requests); see Retry-After"},
+                         504: {"description": "Not answered within serve.request_timeout_s"}})
+    async def predict(request: Request):
+        started = time.monotonic()
         try:
-            result = predictor.predict(rows, body.probabilities)
+            body = await read_body(request, max_body_bytes)
+        except BodyTooLarge as exc:
+            return error_response(413, str(exc))
+        try:
+            data = adapter.validate_json(body)
+        except ValidationError as exc:
+            return validation_response(_explained(exc.errors(include_url=False, include_input=False, include_context=False)))
+        rows = data["instances"]
+        for row in rows if nullable else ():
+            for feature in nullable:
+                row.setdefault(feature, None)
+        try:
+            x = predictor.encode(rows)
+            if request_timeout_s is None:
+                outputs = await infer(x)
+            else:
+                left = request_timeout_s - (time.monotonic() - started)
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                outputs = await asyncio.wait_for(infer(x), left)
+            result = predictor.respond(outputs, data.get("probabilities", False))
         except DataError as exc:
-            return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", "instances"], "msg": str(exc), "type": "value_error"}]})
-        return {**result, "model": name, "version": version}
+            return validation_response([{"loc": ("instances",), "msg": str(exc), "type": "value_error"}])
+        except PredictionError as exc:
+            return validation_response([{"loc": ("instances",), "msg": str(exc), "type": "prediction_error"}])
+        except asyncio.TimeoutError:
+            return error_response(504, f"not answered within {request_timeout_s:g}s (serve.request_timeout_s); "
+                                       "retry later, or send fewer instances per request")
+        # A plain JSONResponse: FastAPI's response_model validation would re-check every prediction.
+        observe_rows(len(rows))
+        return JSONResponse({**result, "model": name, "version": version})
 
     @app.get("/health")
     def health():
@@ -60,4 +120,33 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
             "data_fingerprint": meta["data_fingerprint"],
         }
 
+    _document_request_body(app, build_request_model(predictor.preprocessing, max_instances))
     return app
+
+
+# The only numeric bounds in the request schema are float32's: say so rather than print 39 digits.
+_RANGE_MSG = f"outside the model's float32 input range (allowed: -{FLOAT32_MAX:.8g} to {FLOAT32_MAX:.8g})"
+
+
+def _explained(errors: list[dict]) -> list[dict]:
+    for error in errors:
+        if error["type"] in ("less_than_equal", "greater_than_equal"):
+            error["msg"] = _RANGE_MSG
+    return errors
+
+
+def _document_request_body(app: FastAPI, model) -> None:
+    """Put the request model's JSON schema into the OpenAPI document (the route reads raw
+    bytes, so FastAPI cannot see it): /docs and schemathesis describe what is validated."""
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            request = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(request.pop("$defs", {}))
+            components["PredictRequest"] = request
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,94 @@
+"""The spec's serve section, the Serve application builder's args, and the ingress choice (no Ray)."""
+
+import pytest
+import yaml
+
+from rayline.errors import ClusterError, ServeError
+from rayline.spec import ServeSpec
+
+
+def test_batching_defaults_and_shorthand():
+    assert ServeSpec().batching.model_dump() == {"enabled": True, "max_batch_size": 64, "wait_timeout_ms": 2.0}
+    assert ServeSpec.model_validate({"batching": False}).batching.enabled is False
+    assert ServeSpec.model_validate({"batching": {"max_batch_size": 8}}).batching.max_batch_size == 8
+
+
+@pytest.mark.parametrize("serve, message", [
+    ({"batching": {"max_batch_size": 0}}, "batching.max_batch_size"),
+    ({"batching": {"wait_ms": 2}}, "batching.wait_ms"),
+    ({"resources_per_replica": {"cpus": -1}}, "resources_per_replica.cpus"),
+    ({"resources_per_replica": {"cpus": 0, "gpus": 0}}, "must reserve some CPU or GPU"),
+    ({"replicas": {"upscale_delay_s": -1}}, "replicas.upscale_delay_s"),
+    ({"max_queued_requests": -2}, "max_queued_requests"),
+    ({"max_body_bytes": 10}, "max_body_bytes"),
+    ({"request_timeout_s": 0}, "request_timeout_s"),
+    ({"replicas": {"cpus": 0.5}, "resources_per_replica": {"cpus": 1}}, "contradicts resources_per_replica.cpus"),
+])
+def test_bad_serve_settings_name_the_key(serve, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")) if "." in message else pytest.raises(ValueError, match=message):
+        ServeSpec.model_validate(serve)
+
+
+def test_deprecated_replica_cpus_moves_to_resources_per_replica():
+    spec = ServeSpec.model_validate({"replicas": {"min": 1, "max": 2, "cpus": 0.5}})
+    assert spec.resources_per_replica.cpus == 0.5 and spec.replicas.cpus is None
+    gpu = ServeSpec.model_validate({"resources_per_replica": {"cpus": 0.25, "gpus": 0.5}})
+    assert gpu.resources_per_replica.gpus == 0.5
+
+
+def _deployment(args):
+    from rayline.serve.app import build_app
+
+    app = build_app({"name": "digits", **args})
+    return app._bound_deployment
+
+
+def test_build_app_maps_the_spec_to_ray_serve_options():
+    d = _deployment({"replicas": {"min": 1, "max": 3, "upscale_delay_s": 1, "downscale_delay_s": 5},
+                     "resources_per_replica": {"cpus": 0.5, "gpus": 0.25}, "max_ongoing_requests": 8,
+                     "max_queued_requests": 4, "retry_after_s": 3})
+    auto = d._deployment_config.autoscaling_config
+    assert (auto.min_replicas, auto.max_replicas, auto.upscale_delay_s, auto.downscale_delay_s) == (1, 3, 1, 5)
+    assert d.ray_actor_options["num_cpus"] == 0.5 and d.ray_actor_options["num_gpus"] == 0.25
+    assert d.max_ongoing_requests == 8 and d.max_queued_requests == 4
+    assert (d.backpressure_config.status_code, d.backpressure_config.retry_after_s) == (429, 3)
+
+
+def test_build_app_rejects_unknown_or_bad_args():
+    from rayline.serve.app import build_app
+
+    with pytest.raises(ServeError, match=r"unknown keys \['batch_size'\]"):
+        build_app({"name": "digits", "batch_size": 8})
+    with pytest.raises(ServeError, match="batching.max_batch_size"):
+        build_app({"name": "digits", "batching": {"max_batch_size": 0}})
+
+
+def test_serving_config_uses_resources_per_replica():
+    from pathlib import Path
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "serving" / "digits.yaml").read_text())
+    args = config["applications"][0]["args"]
+    assert "cpus" not in args.get("replicas", {}) and args["resources_per_replica"]["cpus"] > 0
+
+
+def test_serve_env_haproxy_is_private_to_each_ray(monkeypatch):
+    from rayline.cluster import serve_env
+
+    monkeypatch.delenv("RAYLINE_SERVE_INGRESS", raising=False)
+    for key in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_ENABLE_HA_PROXY"):
+        monkeypatch.delenv(key, raising=False)
+    a, b = serve_env(), serve_env()
+    assert a["RAY_SERVE_ENABLE_HA_PROXY"] == a["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+    assert a["RAY_SERVE_HAPROXY_SOCKET_PATH"] != b["RAY_SERVE_HAPROXY_SOCKET_PATH"]
+    # Ray puts a 56-character node id below the directory; HAProxy allows 97 characters.
+    assert len(a["RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"]) + 57 <= 97
+
+
+def test_serve_env_proxy_and_bad_choice(monkeypatch):
+    from rayline.cluster import serve_env
+
+    assert serve_env("proxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}
+    monkeypatch.setenv("RAYLINE_SERVE_INGRESS", "proxy")
+    assert serve_env()["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
+    with pytest.raises(ClusterError, match=r"ingress: unknown Serve ingress \(got 'nginx'; allowed: haproxy, proxy"):
+        serve_env("nginx")
