@@ -293,7 +293,10 @@ class ReplicasSpec(_Strict):
     min: int = Field(1, ge=0, description="Fewest replicas (0 scales to zero).")
     max: int = Field(1, ge=1, description="Most replicas.")
     target_ongoing_requests: float = Field(2, gt=0, description="Autoscaling target per replica.")
-    cpus: float = Field(0.25, gt=0, description="Logical CPUs each replica reserves.")
+    upscale_delay_s: float = Field(30.0, ge=0, description="Load must stay above target this long before a replica is added (Ray Serve's default).")
+    downscale_delay_s: float = Field(600.0, ge=0, description="Load must stay below target this long before a replica is removed (Ray Serve's default).")
+    look_back_period_s: float = Field(30.0, gt=0, description="Window the load is averaged over (Ray Serve's default).")
+    cpus: Optional[float] = Field(None, gt=0, description="Deprecated: use serve.resources_per_replica.cpus.")
 
     @model_validator(mode="after")
     def _bounds(self):
@@ -302,10 +305,47 @@ class ReplicasSpec(_Strict):
         return self
 
 
+class ResourcesSpec(_Strict):
+    cpus: float = Field(0.25, ge=0, description="Logical CPUs each replica reserves (fractions allowed).")
+    gpus: float = Field(0.0, ge=0, description="GPUs each replica reserves (fractions share one GPU).")
+
+    @model_validator(mode="after")
+    def _something(self):
+        if self.cpus == 0 and self.gpus == 0:
+            raise ValueError("a replica must reserve some CPU or GPU (got cpus: 0, gpus: 0; allowed: cpus > 0 or gpus > 0)")
+        return self
+
+
+class BatchingSpec(_Strict):
+    """Dynamic batching: concurrent requests' rows merged into one model call (Ray Serve's @serve.batch)."""
+
+    enabled: bool = Field(True, description="false: every request calls the model alone.")
+    # Defaults measured on a 2-core machine, digits MLP (64 features), one row per request:
+    # see rayline/serve/batching.py for the figures.
+    max_batch_size: int = Field(64, ge=1, le=100_000, description="Most rows in one model call.")
+    wait_timeout_ms: float = Field(2.0, ge=0, le=10_000, description="Longest a request waits for others to join its batch.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flag(cls, v):
+        # `batching: false` / `batching: true` as a shorthand.
+        return {"enabled": v} if isinstance(v, bool) else v
+
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 class ServeSpec(_Strict):
     route: Optional[str] = Field(None, description="HTTP route prefix; default /<name>.")
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
+    resources_per_replica: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
     max_instances: int = Field(10_000, ge=1, description="Most instances accepted in one request.")
+    max_ongoing_requests: int = Field(64, ge=1, description="Requests one replica works on at once (batching needs >= max_batch_size requests to fill a batch).")
+    max_queued_requests: int = Field(256, ge=-1, description="Requests waiting for a replica before new ones get 429 with Retry-After (-1: no limit).")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After seconds on a 429.")
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413 before parsing.")
+    request_timeout_s: float = Field(60.0, gt=0, description="A request still unanswered after this long gets 504.")
 
     @field_validator("route")
     @classmethod
@@ -313,6 +353,20 @@ class ServeSpec(_Strict):
         if v is not None and (not v.startswith("/") or v == "/" or v.endswith("/") or " " in v):
             raise ValueError(f"must start with '/', not end with '/', and hold no spaces (got {v!r}; allowed: e.g. /digits)")
         return v
+
+    @model_validator(mode="after")
+    def _deprecated_replica_cpus(self):
+        # `replicas.cpus` (before resources_per_replica existed) still works and moves over.
+        cpus = self.replicas.cpus
+        if cpus is not None:
+            if "resources_per_replica" in self.model_fields_set and self.resources_per_replica.cpus != cpus:
+                raise ValueError(
+                    f"replicas.cpus: deprecated, and it contradicts resources_per_replica.cpus (got {cpus:g} and "
+                    f"{self.resources_per_replica.cpus:g}; allowed: only resources_per_replica.cpus)"
+                )
+            self.resources_per_replica = ResourcesSpec(cpus=cpus, gpus=self.resources_per_replica.gpus)
+            self.replicas.cpus = None
+        return self
 
 
 class PipelineSpec(_Strict):
