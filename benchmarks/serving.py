@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -101,6 +102,27 @@ def _head_alive(ws: Path) -> bool:
     from rayline.workspace import workspace
 
     return bool(cluster_status(workspace(str(ws), None)).get("alive"))
+
+
+def _head_temp_dir(ws: Path) -> str | None:
+    try:
+        return json.loads((ws / "cluster.json").read_text()).get("temp_dir")
+    except (OSError, ValueError):
+        return None
+
+
+def _ingress(ws: Path) -> str:
+    """Which Serve ingress (b) ran behind: an haproxy process of this head, or Ray's Python proxy."""
+    import psutil
+
+    temp_dir = _head_temp_dir(ws)
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if "haproxy" in (proc.info["name"] or "") and (not temp_dir or any(temp_dir in a for a in proc.info["cmdline"] or ())):
+                return "HAProxy ingress"
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return "Python proxy (no haproxy process of this head found)"
 
 
 def _copy_artifact(model_dir: str, dest: Path) -> None:
@@ -197,7 +219,7 @@ def _report(args, machine: dict, check: dict, res_a: dict, res_b: dict) -> tuple
     v = machine["versions"]
     text = "\n".join([
         f"\nmachine: {machine['cores']} cores, {machine['cpu']}, {machine['ram_gib']} GiB RAM, {machine['os']}, "
-        f"load average (1 min) at start {machine['load_avg_1m']}",
+        f"load average (1 min) at start {machine['load_avg_1m']}; (b) behind the {machine['ingress']}",
         "versions: python " + machine["python"] + ", " + ", ".join(f"{k} {v[k]}" for k in v),
         f"run: {args.warmup:g} s warm-up + {args.seconds:g} s per measurement, closed loop, keep-alive; "
         f"baseline torch threads {args.baseline_threads}; correctness: {check.get('agree_a_b')}/{check.get('rows')} rows agree "
@@ -256,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         features = [f.name for f in predictor.preprocessing.features]
         model_copy = ws / "baseline-model"
         _copy_artifact(predictor.model_dir, model_copy)
+        # load_model downloaded the artifact to a temporary folder; the Predictor holds it in memory.
+        download = Path(predictor.model_dir).parent
+        if download.name.startswith("rayline-") and str(download).startswith(tempfile.gettempdir()):
+            shutil.rmtree(download, ignore_errors=True)
         x, y = _digits(features)
 
         baseline = ServerProcess(
@@ -271,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
         machine = machine_info(PACKAGES)
+        machine["ingress"] = _ingress(ws) if _head_temp_dir(ws) else "unknown (endpoint not on a `rayline cluster up` head)"
         client = LoadClient()
         print(f"measuring ({args.warmup:g} s warm-up + {args.seconds:g} s each):", flush=True)
         res_a, res_b = _measure_all(args, client, (f"{a_url}/predict", f"{b_url}/predict"), x, features)
@@ -293,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping what this run started", file=sys.stderr)
+        return 130
     finally:
         # A second Ctrl-C must not cut the teardown short and leave a Ray head behind.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -301,7 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         if baseline is not None:
             baseline.stop()
         if started_cluster:
+            head_temp = _head_temp_dir(ws)
             _teardown_cluster(ws)
+            if owned_ws and head_temp:
+                shutil.rmtree(head_temp, ignore_errors=True)  # that head's Ray session logs
         if owned_ws:
             shutil.rmtree(ws, ignore_errors=True)
 
