@@ -333,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         if started_cluster:
             head_temp = _head_temp_dir(ws)
             _teardown_cluster(ws)
+            _stop_strays(args.ray_port)
             if owned_ws and head_temp:
                 shutil.rmtree(head_temp, ignore_errors=True)  # that head's Ray session logs
         if owned_ws:
@@ -345,6 +346,34 @@ def _teardown_cluster(ws: Path) -> None:
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         print(f"warning: `rayline cluster down` exited {proc.returncode}: {proc.stderr.strip()[-300:]}", file=sys.stderr)
+
+
+def _stop_strays(ray_port: int) -> None:
+    """Stop what `cluster down` left of our head: Ray's client server (port 10001) is started
+    by `ray start`, loses the head's temp dir from its command line and is re-parented to
+    init, so `rayline cluster down` (2026-11-22) does not find it; one was left per run.
+    Only processes of this run's own process group that name our head's GCS port are touched."""
+    import psutil
+
+    group = os.getpgrp()
+    strays = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = proc.info["cmdline"] or []
+            if (proc.pid != os.getpid() and os.getpgid(proc.pid) == group
+                    and any(a.startswith("--address=") and a.endswith(f":{ray_port}") for a in cmd)):
+                strays.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            continue
+    for proc in strays:
+        print(f"stopping a process `rayline cluster down` left behind: {proc.pid} {' '.join(proc.info['cmdline'][:3])}")
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(strays, timeout=10)
+    for proc in alive:
+        proc.kill()
 
 
 if __name__ == "__main__":
