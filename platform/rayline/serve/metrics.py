@@ -22,6 +22,7 @@ tests/unit/test_serve_metrics.py measures it.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Optional
 
@@ -75,12 +76,21 @@ class ModelMetrics:
         info = Gauge(METRIC_NAMES["info"], "1 for each live replica serving this model version.", tag_keys=("model", "version"))
         for metric in (self._requests, self._errors, self._latency, self._rows, self._batch, info):
             metric.set_default_tags(dict(base))
-        info.set(1)
+        # Ray's metrics agent drops a gauge series not re-reported for two export intervals
+        # (20 s by default; seen: the series vanished from a live replica's export), so
+        # re-set it every second from a daemon thread: ~3 us a second.
+        self._info = info
+        threading.Thread(target=self._keep_info_alive, name="rayline-model-info", daemon=True).start()
         # Tag dicts built once per (endpoint, code): no allocation per request.
         self._tags: dict[tuple[str, int], tuple[dict, dict]] = {}
         self._totals: dict[tuple[str, int], int] = {}
         self.rows_total = 0
         self.batches_total = 0
+
+    def _keep_info_alive(self) -> None:
+        while True:
+            self._info.set(1)
+            time.sleep(1.0)
 
     def observe_request(self, endpoint: str, code: int, seconds: float) -> None:
         key = (endpoint, code)
