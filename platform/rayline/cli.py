@@ -29,6 +29,8 @@ app = typer.Typer(
 )
 cluster_app = typer.Typer(help="A local Ray head on this machine that outlives the CLI.", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
+serve_app = typer.Typer(help="Models served by Ray Serve on the connected cluster.", no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -269,6 +271,47 @@ def cluster_status(workspace: Optional[Path] = WorkspaceOpt) -> None:
         console.print("no local Ray head is running" + (f" (recorded {info['address']} is unreachable)" if info["address"] else ""))
         raise typer.Exit(1)
     console.print(f"Ray head at {info['address']}\n{info.get('detail', '')}")
+
+
+@serve_app.command("status")
+def serve_status(
+    name: Optional[str] = typer.Argument(None, help="A Serve application (the spec's name); default: all."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS, a head "
+                                          "from `rayline cluster up`, else the Ray running on this machine)."),
+    workspace: Optional[Path] = WorkspaceOpt,
+    output: str = typer.Option("table", "--output", "-o", help="table | json"),
+) -> None:
+    """Applications, model versions, routes, replicas (running/min/max) and request and error counts."""
+    from rayline.serve.status import connect_existing, gather_status
+
+    if output not in ("table", "json"):
+        raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json)")
+    ws = _ws(workspace)
+    conn = connect_existing(ws, address)
+    try:
+        report = gather_status(name)
+    finally:
+        conn.shutdown()
+    if output == "json":
+        print(json.dumps(report.to_dict(), indent=2))
+        return
+    if not report.applications:
+        console.print("no Serve applications are running on this cluster")
+        return
+    table = Table(title="served models", caption="replicas: running/min/max; requests, errors: since the replicas "
+                  "started, as Ray last exported them (every ~10 s)")
+    for col in ("app", "model", "version", "route", "status", "replicas", "requests", "errors"):
+        table.add_column(col, justify="right" if col in ("requests", "errors") else "left", overflow="fold",
+                         no_wrap=col not in ("app", "route"))
+    for a in report.applications:
+        bounds = f"{a.replicas_min}/{a.replicas_max}" if a.replicas_max is not None else f"{a.replicas_target}/{a.replicas_target}"
+        table.add_row(a.name, a.model or "-", ", ".join(a.versions) or "-", a.route or "-",
+                      a.status + (f": {a.message}" if a.message and a.status != "RUNNING" else ""),
+                      f"{a.replicas_running}/{bounds}", "-" if a.requests is None else str(a.requests),
+                      "-" if a.errors is None else str(a.errors))
+    console.print(table)
+    if report.metrics_note:
+        console.print(f"[yellow]{report.metrics_note}[/yellow]")
 
 
 def main() -> None:

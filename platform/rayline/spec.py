@@ -33,6 +33,7 @@ __all__ = [
     "TuneSpec",
     "ServeSpec",
     "ReplicasSpec",
+    "AuthSpec",
     "SKLEARN_DATASETS",
     "CLASSIFICATION_METRICS",
     "REGRESSION_METRICS",
@@ -335,6 +336,35 @@ class BatchingSpec(_Strict):
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+class AuthSpec(_Strict):
+    """Where the replicas find the API keys; the spec never holds a key itself."""
+
+    api_keys_env: Optional[str] = Field(
+        None, description="Environment variable of the Ray nodes holding comma-separated keys (read by each replica).")
+    api_keys_file: Optional[str] = Field(
+        None, description="File with one key per line (# comments allowed), readable where the replicas run; "
+                          "relative to the spec file.")
+
+    @field_validator("api_keys_env")
+    @classmethod
+    def _env_name(cls, v):
+        if v is not None and not _ENV_NAME_RE.match(v):
+            # Do not echo it: a value that is not a variable name may be a key pasted by mistake.
+            raise ValueError("not an environment variable name (got a value that is not shown; "
+                             "allowed: letters, digits and '_', not starting with a digit, e.g. RAYLINE_API_KEYS)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        given = [k for k in ("api_keys_env", "api_keys_file") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of api_keys_env or api_keys_file (got {given or 'neither'}; "
+                             f"allowed: api_keys_env: VAR or api_keys_file: PATH)")
+        if self.api_keys_file is not None and not self.api_keys_file.strip():
+            raise ValueError("api_keys_file: empty path (got ''; allowed: a file path)")
+        return self
+
+
 class ServeSpec(_Strict):
     route: Optional[str] = Field(None, description="HTTP route prefix; default /<name>.")
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
@@ -346,6 +376,7 @@ class ServeSpec(_Strict):
     retry_after_s: int = Field(1, ge=0, description="Retry-After seconds on a 429.")
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413 before parsing.")
     request_timeout_s: float = Field(60.0, gt=0, description="A request still unanswered after this long gets 504.")
+    auth: Optional[AuthSpec] = Field(None, description="API keys required on every route but GET /health.")
 
     @field_validator("route")
     @classmethod
@@ -533,6 +564,10 @@ def load_spec(path: str | Path, check_data: bool = True, overrides: dict[str, An
     if src.path and "://" not in src.path and not Path(src.path).is_absolute():
         resolved = str((path.parent / src.path).resolve())
         spec = spec.model_copy(update={"data": spec.data.model_copy(update={"source": src.model_copy(update={"path": resolved})})})
+    keys_file = spec.serve.auth.api_keys_file if spec.serve and spec.serve.auth else None
+    if keys_file and not Path(keys_file).expanduser().is_absolute():  # replicas run elsewhere: pass an absolute path
+        auth = spec.serve.auth.model_copy(update={"api_keys_file": str((path.parent / keys_file).resolve())})
+        spec = spec.model_copy(update={"serve": spec.serve.model_copy(update={"auth": auth})})
     if check_data:
         from rayline.data.schema_check import check_spec_against_data
 

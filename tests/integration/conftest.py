@@ -26,6 +26,9 @@ def ray_session():
     # dashboard stays on: Ray's state API (Train's placement-group cleanup after Tune stops
     # a trial early, and the fault test's worker lookup) needs it.
     os.environ.update(train_env())  # as `rayline run` does: the Train controller polls reports faster
+    # API keys for serve.auth.api_keys_env (test_serve_access.py): set before ray.init, the way a
+    # user sets them before `rayline run`, so replicas inherit them and no runtime_env holds them.
+    os.environ.setdefault("RAYLINE_TEST_API_KEYS", "test-env-key-" + os.urandom(12).hex())
     ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, namespace="rayline-tests")
     yield ray
     from ray import serve

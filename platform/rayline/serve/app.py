@@ -28,6 +28,13 @@ class ModelServer:
     """Loads one registered model version and serves the HTTP API for it."""
 
     def __init__(self, name: str, version: str | None, workspace: str, tracking_uri: str | None, settings: dict):
+        # Keys are read here, on the replica, from the variable or file the spec names: never a
+        # deployment argument, so never in Serve's config or status (rayline/serve/auth.py).
+        # First, so missing keys fail the replica in milliseconds, before the model loads.
+        from rayline.serve.auth import load_api_keys
+
+        self.api_keys = load_api_keys(settings["auth"]) if settings.get("auth") else None
+
         from rayline.model import Predictor
         from rayline.registry import Registry
         from rayline.spec import ServeSpec
@@ -38,11 +45,6 @@ class ModelServer:
         self.version = mv.version
         self.predictor = Predictor(registry.download(mv), version=mv.version)
         self.settings = ServeSpec.model_validate(settings)
-        # Keys are read here, on the replica, from the variable or file the spec names: never a
-        # deployment argument, so never in Serve's config or status (rayline/serve/auth.py).
-        from rayline.serve.auth import load_api_keys
-
-        self.api_keys = load_api_keys(self.settings.auth.model_dump()) if self.settings.auth else None
         self.infer = self._make_infer(float(settings.get("debug_infer_delay_s") or 0.0))
 
     def _make_infer(self, delay_s: float):
@@ -163,7 +165,10 @@ def deploy(spec, version: str, ws, host: str, port: int) -> str:
         serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(args), name=spec.name, route_prefix=spec.route, blocking=False)
     except Exception as exc:
-        raise ServeError(f"deploying {spec.name} v{version} at {spec.route} failed: {str(exc).strip().splitlines()[-1]}") from None
+        from rayline.serve.status import deployment_failure  # Serve's own message hides the replica's error
+
+        reason = deployment_failure(spec.name) or str(exc).strip().splitlines()[-1]
+        raise ServeError(f"deploying {spec.name} v{version} at {spec.route} failed: {reason}") from None
     return f"http://{host}:{port}{spec.route}"
 
 
