@@ -131,3 +131,38 @@ def test_check_costs_microseconds():
     overhead_us = (checked - bare) / n * 1e6
     print(f"auth check overhead: {overhead_us:.2f} us/request")
     assert overhead_us < 50  # measured ~1.5 us on the 2-core dev machine; generous for a loaded CI box
+
+
+BASE = {"name": "x", "data": {"source": {"format": "sklearn", "name": "iris"}, "label": "target"},
+        "model": {"framework": "torch", "kind": "mlp"}}
+
+
+@pytest.mark.parametrize("auth, problem", [
+    ({}, "serve.auth: give exactly one of api_keys_env or api_keys_file (got neither; "
+         "allowed: api_keys_env: VAR or api_keys_file: PATH)"),
+    ({"api_keys_env": "K", "api_keys_file": "keys"}, "serve.auth: give exactly one of api_keys_env or api_keys_file "
+     "(got ['api_keys_env', 'api_keys_file']; allowed: api_keys_env: VAR or api_keys_file: PATH)"),
+    ({"api_keys_env": "sk-live 123"}, "serve.auth.api_keys_env: not an environment variable name (got a value that is "
+     "not shown; allowed: letters, digits and '_', not starting with a digit, e.g. RAYLINE_API_KEYS)"),
+    ({"api_key": "K"}, "serve.auth.api_key: unknown key (got 'api_key'; allowed: api_keys_env, api_keys_file); "
+                       "did you mean 'api_keys_env'?"),
+])
+def test_spec_auth_errors(auth, problem):
+    from rayline.errors import SpecError
+    from rayline.spec import parse_spec
+
+    with pytest.raises(SpecError) as info:
+        parse_spec({**BASE, "serve": {"auth": auth}})
+    assert info.value.problems == [problem]
+
+
+def test_spec_key_file_is_relative_to_the_spec(tmp_path):
+    import yaml
+
+    from rayline.spec import load_spec
+
+    (tmp_path / "conf").mkdir()
+    path = tmp_path / "conf" / "spec.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "serve": {"auth": {"api_keys_file": "secrets/keys"}}}))
+    spec = load_spec(path, check_data=False)
+    assert spec.serve.auth.api_keys_file == str(tmp_path / "conf" / "secrets" / "keys")
