@@ -85,6 +85,8 @@ def run(
     exit_after_deploy: bool = typer.Option(False, "--exit-after-deploy",
                                            help="With an embedded Ray, stop after deploying instead of serving until Ctrl-C."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Ray's own logs."),
+    ingress: Optional[str] = typer.Option(None, "--ingress", help="Serve ingress of an embedded Ray: haproxy (default; "
+                                          "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy)."),
     set_: List[str] = typer.Option([], "--set", metavar="PATH=VALUE",
                                    help="Override a spec key, e.g. --set train.epochs=2 --set tune.num_samples=2 (VALUE is YAML)."),
 ) -> None:
@@ -96,7 +98,7 @@ def run(
     from rayline.cluster import connect
 
     with console.status("connecting to Ray..."):
-        conn = connect(ws, address, verbose=verbose)
+        conn = connect(ws, address, verbose=verbose, ingress=ingress)
     try:
         summary = _run_with_progress(spec, ws, str(spec_path), not no_serve, host, port)
         _print_summary(summary, spec)
@@ -244,11 +246,13 @@ def models(name: Optional[str] = typer.Argument(None, help="A model name; defaul
 def cluster_up(workspace: Optional[Path] = WorkspaceOpt,
                port: int = typer.Option(6379, help="GCS port of the head."),
                num_cpus: Optional[int] = typer.Option(None, help="Logical CPUs (default: all cores)."),
-               dashboard_port: int = typer.Option(8265, help="Port of the Ray dashboard.")) -> None:
+               dashboard_port: int = typer.Option(8265, help="Port of the Ray dashboard."),
+               ingress: Optional[str] = typer.Option(None, "--ingress", help="Serve ingress: haproxy (default; "
+                                                     "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy).")) -> None:
     """Start a local Ray head that outlives this command."""
     from rayline.cluster import cluster_up as up
 
-    info = up(_ws(workspace), port, num_cpus, dashboard_port)
+    info = up(_ws(workspace), port, num_cpus, dashboard_port, ingress=ingress)
     verb = "started" if info["started"] else "already running"
     console.print(f"Ray head {verb} at {info['address']}; `rayline run` will use it.")
 

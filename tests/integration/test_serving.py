@@ -1,0 +1,322 @@
+"""The served endpoint under load, over real HTTP on the session's Ray Serve.
+
+- batching: interleaved concurrent requests of different sizes each get exactly their own
+  rows (compared with offline predictions), and a bad request in a batch fails alone;
+- errors are JSON and never echo the request: overflow -> 422 naming the feature, too many
+  instances -> 422 without the rows, body too large -> 413, too slow -> 504, queue full -> 429
+  with Retry-After;
+- autoscaling: replicas rise to max under load and fall back to min;
+- fuzzing: schemathesis against the endpoint's own /openapi.json, zero 5xx.
+
+The limits and autoscaling tests deploy extra applications of the same registered model
+with `debug_infer_delay_s`, a test-only build_app argument that makes the model take longer
+(an asyncio sleep before inference), so that queues and timeouts happen on purpose rather
+than by the machine's luck.
+"""
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+
+from .conftest import PORT
+
+BASE = f"http://127.0.0.1:{PORT}"
+
+
+@pytest.fixture(scope="module")
+def endpoint(digits):
+    return digits.endpoint
+
+
+@pytest.fixture(scope="module")
+def features(endpoint):
+    return [f["name"] for f in httpx.get(f"{endpoint}/metadata", timeout=30).json()["features"]]
+
+
+@pytest.fixture(scope="module")
+def rows(features):
+    from sklearn.datasets import load_digits
+
+    data = load_digits().data[:200]
+    return [dict(zip(features, map(float, r))) for r in data]
+
+
+@pytest.fixture(scope="module")
+def predictor(digits, ws):
+    from rayline.model import Predictor
+    from rayline.registry import Registry
+
+    registry = Registry(ws)
+    mv = registry.resolve("digits", digits.version)
+    return Predictor(registry.download(mv), version=mv.version)
+
+
+def _deploy(name, digits, ws, **settings):
+    from ray import serve
+
+    from rayline.serve.app import build_app
+
+    args = {"name": "digits", "version": digits.version, "workspace": str(ws.root), "framework": "torch", **settings}
+    serve.run(build_app(args), name=name, route_prefix=f"/{name}", blocking=False)
+    url = f"{BASE}/{name}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{name} did not come up within 90 s")
+
+
+def _post(url, body, timeout=60):
+    return httpx.post(f"{url}/predict", content=json.dumps(body), headers={"content-type": "application/json"},
+                      timeout=timeout)
+
+
+# ---------------------------------------------------------------- batching
+
+
+def test_interleaved_requests_each_get_their_own_rows(endpoint, rows, predictor):
+    sizes = [1, 3, 7, 2, 5, 1, 4, 6, 1, 3, 8, 2] * 4  # 48 requests, 168 rows, all at once
+    starts = np.cumsum([0] + sizes[:-1]) % (len(rows) - 8)
+    requests = [rows[s:s + n] for s, n in zip(starts, sizes)]
+    # Some requests end with a row that overflows float32 after standard scaling (finite JSON
+    # numbers within the schema's bounds): each must fail alone, naming its own row and feature.
+    bad = {5, 17, 30}
+    for i in bad:
+        requests[i] = [*requests[i][:-1], {k: 3.0e38 for k in requests[i][-1]}]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda inst: _post(endpoint, {"instances": inst, "probabilities": True}), requests))
+
+    for i, (instances, response) in enumerate(zip(requests, answers)):
+        if i in bad:
+            assert response.status_code == 422, response.text
+            with pytest.raises(Exception) as offline:
+                predictor.predict(instances)
+            assert response.json()["detail"][0]["msg"] == str(offline.value)
+            assert f"instances[{len(instances) - 1}]." in str(offline.value)
+            continue
+        assert response.status_code == 200, response.text
+        got = response.json()
+        want = predictor.predict(instances, probabilities=True)
+        assert got["predictions"] == want["predictions"]
+        assert len(got["probabilities"]) == len(instances)
+        for g, w in zip(got["probabilities"], want["probabilities"]):
+            assert g.keys() == w.keys()
+            assert np.allclose([g[k] for k in g], [w[k] for k in g], rtol=1e-4, atol=1e-6)
+
+
+def test_batcher_merges_splits_and_isolates_model_errors(ray_session):
+    """The batcher alone in a real replica (@serve.batch needs one), with a tiny numpy model:
+    one merged call for concurrent requests, rows (not requests) bound a batch, and a
+    non-finite output fails only its own request, naming the row by its index there."""
+    from ray import serve
+
+    from rayline.errors import PredictionError
+    from rayline.serve.batching import Batcher
+
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+
+    @serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 0.1})
+    class Probe:
+        def __init__(self, max_batch_size):
+            self.calls = []
+            self.batcher = Batcher(self.model, max_batch_size, 0.5)  # wide window: slow CI threads
+
+        def model(self, x):
+            self.calls.append(len(x))
+            out = x @ w
+            bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
+            if bad.size:
+                raise PredictionError(f"instances[{bad[0]}]: the model produced a non-finite output for this row")
+            return out
+
+        async def __call__(self, request):
+            if request.url.path.endswith("/calls"):
+                calls, self.calls = self.calls, []
+                return calls
+            x = np.asarray((await request.json())["x"], dtype=np.float32)
+            try:
+                return {"out": (await self.batcher(x)).tolist()}
+            except PredictionError as exc:
+                return {"error": str(exc)}
+
+    rng = np.random.default_rng(0)
+    url = f"{BASE}/batch-probe"
+
+    def together(xs):
+        # Concurrent HTTP requests, as callers send them; NaN travels as null -> NaN.
+        body = lambda x: json.dumps({"x": np.where(np.isnan(x), None, x).tolist()})  # noqa: E731
+        with ThreadPoolExecutor(len(xs)) as pool:
+            answers = list(pool.map(lambda x: httpx.post(url, content=body(x), timeout=30).json(), xs))
+        return [np.asarray(a["out"], dtype=np.float32) if "out" in a else a["error"] for a in answers]
+
+    def calls():
+        return httpx.get(f"{url}/calls", timeout=30).json()
+
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})  # if this test is the first to start Serve
+    try:
+        serve.run(Probe.bind(8), name="batch-probe", route_prefix="/batch-probe")
+        xs = [rng.normal(size=(n, 4)).astype(np.float32) for n in (1, 3, 2, 1)]
+        for x, out in zip(xs, together(xs)):
+            assert np.allclose(out, x @ w, rtol=1e-6)  # a merged matmul may differ in the last bit
+        assert calls() == [7]  # all 7 rows in one model call
+
+        xs = [rng.normal(size=(n, 4)).astype(np.float32) for n in (5, 5, 20, 3)]
+        for x, out in zip(xs, together(xs)):
+            assert np.allclose(out, x @ w, rtol=1e-6)
+        made = calls()
+        assert 20 in made and max(c for c in made if c != 20) <= 8, made  # max_batch_size counts rows
+
+        xs = [rng.normal(size=(n, 4)).astype(np.float32) for n in (2, 3, 4)]
+        xs[1][2, 0] = np.nan  # the third row of the second request
+        outs = together(xs)
+        assert np.allclose(outs[0], xs[0] @ w, rtol=1e-6) and np.allclose(outs[2], xs[2] @ w, rtol=1e-6)
+        assert outs[1] == "instances[2]: the model produced a non-finite output for this row"
+    finally:
+        serve.delete("batch-probe")
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_overflowing_number_is_422_naming_the_feature(endpoint, rows, features):
+    response = _post(endpoint, {"instances": [{**rows[0], features[3]: 1e39}]})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail[0]["loc"] == ["body", "instances", 0, features[3]]
+    assert "float32" in detail[0]["msg"]
+
+
+def test_validation_errors_never_echo_the_request(slow, rows):
+    response = _post(slow, {"instances": rows[:6]})  # max_instances is 5 there
+    assert response.status_code == 422
+    assert response.json()["detail"] == [{"loc": ["body", "instances"], "type": "too_long",
+                                          "msg": "List should have at most 5 items after validation, not 6"}]
+    many_bad = [{**r, "not_a_feature": 1, "pixel_0_0": "x"} for r in rows[:5]]  # 10 errors
+    response = _post(slow, {"instances": many_bad})
+    assert response.status_code == 422 and len(response.json()["detail"]) == 10
+    assert '"input"' not in response.text and '"x"' not in response.text
+
+
+def test_at_most_20_errors_are_listed(endpoint, rows):
+    response = _post(endpoint, {"instances": [{**r, "not_a_feature": 1} for r in rows[:100]]})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert len(detail) == 21 and detail[-1]["msg"] == "80 more errors not shown"
+
+
+def test_openapi_documents_float32_bounds(endpoint, features):
+    schema = httpx.get(f"{endpoint}/openapi.json", timeout=30).json()
+    prop = schema["components"]["schemas"]["Instance"]["properties"][features[0]]
+    assert prop["maximum"] == 3.4028234663852886e38 and prop["minimum"] == -3.4028234663852886e38
+
+
+@pytest.fixture(scope="module")
+def slow(digits, ws):
+    """A deliberately slow endpoint (0.6 s per model call) with tight limits."""
+    return _deploy("digits-limits", digits, ws, debug_infer_delay_s=0.6, batching=False, request_timeout_s=0.3,
+                   max_ongoing_requests=1, max_queued_requests=1, retry_after_s=2, max_body_bytes=8192, max_instances=5)
+
+
+def test_body_too_large_is_413_before_parsing(slow, rows):
+    response = _post(slow, {"instances": rows[:20]})  # ~20 KB > 8192
+    assert response.status_code == 413
+    assert "serve.max_body_bytes" in response.json()["detail"]
+
+
+def test_slow_request_is_504_json(slow, rows):
+    t0 = time.monotonic()
+    response = _post(slow, {"instances": rows[:1]})
+    assert response.status_code == 504, response.text
+    assert "serve.request_timeout_s" in response.json()["detail"]
+    assert time.monotonic() - t0 < 5
+
+
+def test_full_queue_is_429_with_retry_after(slow, rows):
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(lambda _: _post(slow, {"instances": rows[:1]}), range(10)))
+    codes = sorted(r.status_code for r in answers)
+    # One request runs and one waits (max_ongoing 1 + max_queued 1); the rest are refused.
+    assert codes.count(429) >= 5, codes
+    assert set(codes) <= {429, 504}, codes
+    refused = next(r for r in answers if r.status_code == 429)
+    assert refused.headers["retry-after"] == "2"
+
+
+# ---------------------------------------------------------------- autoscaling
+
+
+def _running(app):
+    from ray import serve
+
+    status = serve.status().applications.get(app)
+    if status is None:
+        return 0
+    deployment = status.deployments["digits-model"]
+    return deployment.replica_states.get("RUNNING", 0)
+
+
+def test_replicas_rise_to_max_under_load_and_fall_back(digits, ws, rows):
+    url = _deploy("digits-scale", digits, ws, debug_infer_delay_s=0.1, batching=False,
+                  replicas={"min": 1, "max": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0.5,
+                            "downscale_delay_s": 2, "look_back_period_s": 2})
+    assert _running("digits-scale") == 1
+    stop = time.monotonic() + 60
+    peak = 1
+    body = {"instances": rows[:1]}
+
+    def client():
+        with httpx.Client(timeout=30) as c:
+            while time.monotonic() < stop and peak < 2:
+                c.post(f"{url}/predict", json=body)
+
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(client) for _ in range(6)]
+        while time.monotonic() < stop and peak < 2:
+            peak = max(peak, _running("digits-scale"))
+            time.sleep(0.5)
+        stop = 0  # load off
+        for f in futures:
+            f.result()
+    assert peak == 2, "never scaled to 2 replicas under load within 60 s"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and _running("digits-scale") != 1:
+        time.sleep(1)
+    assert _running("digits-scale") == 1, "did not scale back to 1 replica within 90 s of idling"
+
+
+# ---------------------------------------------------------------- fuzzing
+
+
+def test_schemathesis_finds_no_server_errors(endpoint):
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+
+    schema = schemathesis.openapi.from_url(f"{endpoint}/openapi.json")
+    counts = {"requests": 0}
+    failures = []
+
+    for method, path, mode, examples in [("POST", "/predict", "positive", 600), ("POST", "/predict", "negative", 600),
+                                         ("GET", "/health", "positive", 50), ("GET", "/metadata", "positive", 50)]:
+        operation = schema[path][method]
+        strategy = operation.as_strategy(generation_mode=schemathesis.GenerationMode(mode))
+
+        @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(case=strategy)
+        def check(case):
+            response = case.call(base_url=endpoint, timeout=30)
+            counts["requests"] += 1
+            if response.status_code >= 500:
+                failures.append((response.status_code, case.body if case.body is not None else None, response.text[:300]))
+
+        check()
+    assert counts["requests"] >= 1000, counts
+    assert not failures, failures[:3]
