@@ -75,13 +75,15 @@ def test_serve_env_haproxy_is_private_to_each_ray(monkeypatch):
     from rayline.cluster import serve_env
 
     monkeypatch.delenv("RAYLINE_SERVE_INGRESS", raising=False)
-    for key in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_ENABLE_HA_PROXY"):
+    for key in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_ENABLE_HA_PROXY",
+                "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"):
         monkeypatch.delenv(key, raising=False)
     a, b = serve_env(), serve_env()
     assert a["RAY_SERVE_ENABLE_HA_PROXY"] == a["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
     assert a["RAY_SERVE_HAPROXY_SOCKET_PATH"] != b["RAY_SERVE_HAPROXY_SOCKET_PATH"]
     # Ray puts a 56-character node id below the directory; HAProxy allows 97 characters.
     assert len(a["RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"]) + 57 <= 97
+    assert a["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "2"  # not Ray's 30 s per serve.delete
 
 
 def test_serve_env_proxy_and_bad_choice(monkeypatch):

@@ -56,16 +56,16 @@ class ModelServer:
 
             infer = Batcher(predictor.infer, batching.max_batch_size, batching.wait_timeout_ms / 1000.0)
         else:
-            async def infer(x):
+            async def infer(x, alone=False):
                 return predictor.infer(x)
         if not delay_s:
             return infer
 
-        async def slow(x):  # test-only (build_app arg debug_infer_delay_s): a model that takes longer
+        async def slow(x, alone=False):  # test-only (build_app arg debug_infer_delay_s): a slower model
             import asyncio
 
             await asyncio.sleep(delay_s)
-            return await infer(x)
+            return await infer(x, alone)
 
         return slow
 

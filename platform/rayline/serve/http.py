@@ -32,7 +32,9 @@ __all__ = ["build_http_app", "DEFAULT_MAX_BODY_BYTES"]
 
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 
-AsyncInfer = Callable[[np.ndarray], Awaitable[np.ndarray]]
+# infer(x, alone): `alone` is True when no other request is in this app right now, so a
+# batcher need not wait for company (it would only add its wait to this request's latency).
+AsyncInfer = Callable[[np.ndarray, bool], Awaitable[np.ndarray]]
 
 
 def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_000, *,
@@ -50,8 +52,10 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
     features = predictor.preprocessing.features
     nullable = [f.name for f in features if f.nullable]
     if infer is None:
-        async def infer(x: np.ndarray) -> np.ndarray:
+        async def infer(x: np.ndarray, alone: bool) -> np.ndarray:
             return predictor.infer(x)
+
+    inflight = 0  # requests inside /predict now (one event loop: no lock needed)
 
     @app.post("/predict", response_model=PredictResponse, response_model_exclude_none=True,
               openapi_extra={"requestBody": {"required": True, "content": {
@@ -61,6 +65,14 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
                          429: {"description": "Queue full (serve.max_queued_requests); see Retry-After"},
                          504: {"description": "Not answered within serve.request_timeout_s"}})
     async def predict(request: Request):
+        nonlocal inflight
+        inflight += 1
+        try:
+            return await answer(request)
+        finally:
+            inflight -= 1
+
+    async def answer(request: Request):
         started = time.monotonic()
         try:
             body = await read_body(request, max_body_bytes)
@@ -77,12 +89,12 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
         try:
             x = predictor.encode(rows)
             if request_timeout_s is None:
-                outputs = await infer(x)
+                outputs = await infer(x, inflight == 1)
             else:
                 left = request_timeout_s - (time.monotonic() - started)
                 if left <= 0:
                     raise asyncio.TimeoutError
-                outputs = await asyncio.wait_for(infer(x), left)
+                outputs = await asyncio.wait_for(infer(x, inflight == 1), left)
             result = predictor.respond(outputs, data.get("probabilities", False))
         except DataError as exc:
             return validation_response([{"loc": ("instances",), "msg": str(exc), "type": "value_error"}])
