@@ -57,5 +57,11 @@ def post_predict(url: str, instances: list[dict], probabilities: bool = False, t
         lines = [f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}" for d in details] or [response.text]
         raise ServeError("the model rejected the request:\n  " + "\n  ".join(lines))
     if response.status_code != 200:
-        raise ServeError(f"{endpoint} answered {response.status_code}: {response.text[:300]}")
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:  # Ray Serve's own 429/503 bodies are plain text
+            detail = response.text
+        retry = response.headers.get("retry-after")
+        hint = f" (retry after {retry} s)" if retry else ""
+        raise ServeError(f"{endpoint} answered {response.status_code}: {str(detail)[:300]}{hint}")
     return response.json()
