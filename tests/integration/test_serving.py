@@ -28,8 +28,17 @@ BASE = f"http://127.0.0.1:{PORT}"
 
 
 @pytest.fixture(scope="module")
-def endpoint(digits):
-    return digits.endpoint
+def endpoint(digits, ws):
+    """The session's digits endpoint; redeployed (same version, same route) when an earlier
+    module's teardown deleted it (conftest frees every module's Serve apps)."""
+    try:
+        if httpx.get(f"{digits.endpoint}/health", timeout=10).status_code == 200:
+            return digits.endpoint
+    except httpx.HTTPError:
+        pass
+    url = _deploy("digits", digits, ws, replicas={"min": 1, "max": 2, "target_ongoing_requests": 2})
+    assert url == digits.endpoint
+    return url
 
 
 @pytest.fixture(scope="module")
