@@ -56,7 +56,10 @@ class ModelServer:
 
             infer = Batcher(predictor.infer, batching.max_batch_size, batching.wait_timeout_ms / 1000.0)
         else:
+            from rayline.serve.metrics import observe_batch
+
             async def infer(x, alone=False):
+                observe_batch(len(x))  # unbatched: every request is its own model call
                 return predictor.infer(x)
         if not delay_s:
             return infer

@@ -30,6 +30,7 @@ from typing import Callable, Union
 import numpy as np
 
 from rayline.errors import PredictionError
+from rayline.serve.metrics import observe_batch
 
 __all__ = ["Batcher"]
 
@@ -46,10 +47,15 @@ class Batcher:
     def __init__(self, infer: Infer, max_batch_size: int, wait_timeout_s: float):
         from ray import serve
 
-        self._infer = infer
+        self._model = infer
         self.max_batch_size = max_batch_size
         self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=wait_timeout_s,
                                     batch_size_fn=_rows)(self._infer_batch)
+
+    def _infer(self, x: np.ndarray) -> np.ndarray:
+        """One model call, recorded in the batch-size metric (rows per call)."""
+        observe_batch(len(x))
+        return self._model(x)
 
     async def __call__(self, x: np.ndarray, alone: bool = False) -> np.ndarray:
         # Alone (no other request in the replica's app) or already a full batch: waiting for
