@@ -9,7 +9,9 @@
    (Ctrl-C included): `rayline cluster down`, the baseline server, the temporary workspace.
 2. (a) benchmarks/baseline_server.py: FastAPI + uvicorn, the same torch weights and standard
    scaling, bare float lists.  (b) rayline: `POST /digits/predict` with `{"instances": [...]}`.
-3. One client (harness.LoadClient: aiohttp in its own process) measures both servers with
+   (c) benchmarks/rayline_app_server.py: the same app (b)'s replicas run, under plain uvicorn
+   with no Ray: (c)/(a) is what rayline's own code costs, (b)/(c) what the Ray Serve hop costs.
+3. One client (harness.LoadClient: aiohttp in its own process) measures every server with
    real digits rows: p50/p99 and requests/s at concurrency 1, 8, 32 with one-row requests,
    and rows/s with 1,000-row requests; after a correctness check that both servers answer
    200 and agree with each other and with rayline's offline predictor on a sample of rows.
@@ -49,6 +51,8 @@ BATCH_ROWS = 1000
 SAMPLE_ROWS = 64  # rows of the correctness check
 PACKAGES = ("rayline", "ray", "torch", "fastapi", "uvicorn", "pydantic", "numpy", "aiohttp")
 
+SERVER_NAMES = {"(b)": "(b) rayline on Ray Serve", "(c)": "(c) rayline app, no Ray"}
+
 # The issue's targets, as (b)/(a) ratios in the same run: (figure key, comparison, bound).
 TARGETS = {
     "p50_ms@1": ("<=", 1.3),
@@ -69,6 +73,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dashboard-port", type=int, default=8290)
     p.add_argument("--serve-port", type=int, default=8820, help="Ray Serve HTTP port (b)")
     p.add_argument("--baseline-port", type=int, default=8821, help="hand-written server port (a)")
+    p.add_argument("--app-port", type=int, default=8822, help="rayline's app under plain uvicorn, no Ray (c)")
     p.add_argument("--baseline-threads", type=int, default=1, help="torch threads of the hand-written server")
     p.add_argument("--json-out", type=Path, help="also write the results as JSON here")
     args = p.parse_args(argv)
@@ -196,8 +201,11 @@ def _figures(results: dict[str, LoadResult]) -> dict[str, float]:
     return out
 
 
-def _report(args, machine: dict, check: dict, res_a: dict, res_b: dict) -> tuple[str, dict]:
-    fa, fb = _figures(res_a), _figures(res_b)
+def _report(args, machine: dict, check: dict, results: dict[str, dict]) -> tuple[str, dict]:
+    """`results`: server label -> scenario -> LoadResult, (a) first; ratios are against (a)."""
+    figures = {label: _figures(res) for label, res in results.items()}
+    fa, fb = figures["(a)"], figures["(b)"]
+    others = [label for label in figures if label != "(a)"]
     rows, verdicts = [], {}
     for key in fa:
         ratio = _ratio(key, fa, fb)
@@ -209,11 +217,18 @@ def _report(args, machine: dict, check: dict, res_a: dict, res_b: dict) -> tuple
             verdicts[key] = {"ratio": ratio, "target": f"{op} {bound}", "result": verdict}
         fmt = "{:.2f}" if "ms" in key else "{:.0f}"
         label = key.replace("@", " @ ") + (f" rows/request, concurrency {args.batch_concurrency}" if key.endswith(f"@{BATCH_ROWS}") else "")
-        rows.append([label, fmt.format(fa[key]), fmt.format(fb[key]), f"{ratio:.2f}x", target, verdict])
-    table = format_table(["figure", "(a) FastAPI by hand", "(b) rayline", "(b)/(a)", "target", ""], rows)
+        cells = [fmt.format(fa[key])]
+        for other in others:
+            cells += [fmt.format(figures[other][key]), f"{_ratio(key, fa, figures[other]):.2f}x"]
+        rows.append([label, *cells, target, verdict])
+    header = ["figure", "(a) FastAPI by hand"]
+    for other in others:
+        header += [SERVER_NAMES[other], f"{other}/(a)"]
+    table = format_table(header + ["target for (b)", ""], rows)
     load_rows = []
-    for scenario in res_a:
-        for name, r in (("(a)", res_a[scenario]), ("(b)", res_b[scenario])):
+    for scenario in results["(a)"]:
+        for name, res in results.items():
+            r = res[scenario]
             load_rows.append([scenario, name, r.requests, r.errors, f"{r.client_cpu:.2f}", f"{r.machine_cpu:.2f}"])
     load = format_table(["scenario", "server", "requests", "errors", "client cores", "machine cores busy"], load_rows)
     v = machine["versions"]
@@ -227,26 +242,31 @@ def _report(args, machine: dict, check: dict, res_a: dict, res_b: dict) -> tuple
         "", table, "", "client and machine CPU (cores busy over each measurement; the machine figure includes everyone):",
         load,
     ])
-    return text, {"figures": {"a": fa, "b": fb, "ratio": {k: _ratio(k, fa, fb) for k in fa}}, "targets": verdicts}
+    summary = {"figures": {**{label.strip("()"): f for label, f in figures.items()},
+                           "ratio": {k: _ratio(k, fa, fb) for k in fa},
+                           "ratio_c": {k: _ratio(k, fa, figures["(c)"]) for k in fa} if "(c)" in figures else {}},
+               "targets": verdicts}
+    return text, summary
 
 
-def _measure_all(args, client: LoadClient, urls: tuple[str, str], x: np.ndarray, features: list[str]):
-    res_a: dict[str, LoadResult] = {}
-    res_b: dict[str, LoadResult] = {}
+def _measure_all(args, client: LoadClient, urls: dict[str, str], x: np.ndarray, features: list[str]):
+    """server label -> scenario -> LoadResult; (a) takes bare float lists, the others rayline's instances."""
+    results: dict[str, dict[str, LoadResult]] = {label: {} for label in urls}
     one_a, one_b = _bodies(x, features, 1, len(x))
     big_a, big_b = _bodies(x, features, BATCH_ROWS, 4)
     scenarios = [(f"1 row @ {c}", one_a, one_b, c, 1) for c in args.concurrency]
     scenarios.append((f"rows {BATCH_ROWS} @ {args.batch_concurrency}", big_a, big_b, args.batch_concurrency, BATCH_ROWS))
     for name, bodies_a, bodies_b, conc, rows in scenarios:
-        # (a) then (b) per scenario, so slow drifts in the neighbours' load hit both alike.
-        for label, url, bodies, out in (("(a)", urls[0], bodies_a, res_a), ("(b)", urls[1], bodies_b, res_b)):
+        # Every server per scenario in turn, so slow drifts in the neighbours' load hit all alike.
+        for label, url in urls.items():
+            bodies = bodies_a if label == "(a)" else bodies_b
             r = client.measure(url, bodies, conc, args.seconds, warmup_s=args.warmup, rows_per_request=rows)
-            out[name] = r
+            results[label][name] = r
             print(f"  {name:<16} {label} {r.requests_per_s:8.1f} req/s  p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms  "
                   f"errors {r.errors}  client {r.client_cpu:.2f} cores  machine {r.machine_cpu:.2f} cores", flush=True)
             if r.first_error:
                 print(f"    first error: {r.first_error}", flush=True)
-    return res_a, res_b
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     started_cluster = False
     a_url = f"http://127.0.0.1:{args.baseline_port}"
     b_url = f"http://127.0.0.1:{args.serve_port}{ROUTE}"
+    c_url = f"http://127.0.0.1:{args.app_port}"
     baseline = None
+    app_server = None
     client = None
     try:
         if owned_ws or not _healthy(f"{b_url}/health"):
@@ -289,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
              "--port", str(args.baseline_port), "--threads", str(args.baseline_threads)],
             health_url=f"{a_url}/health", cwd=str(REPO), log_path=str(ws / "baseline_server.log"),
         ).__enter__()
+        app_server = ServerProcess(
+            [sys.executable, str(REPO / "benchmarks" / "rayline_app_server.py"), "--workspace", str(ws),
+             "--port", str(args.app_port)],
+            health_url=f"{c_url}/health", cwd=str(REPO), log_path=str(ws / "rayline_app_server.log"),
+        ).__enter__()
         wait_http(f"{b_url}/health", timeout_s=60)
         check = _check_agreement(f"{a_url}/predict", f"{b_url}/predict", predictor, x, y, features)
         print(f"correctness: {'ok' if check['ok'] else 'FAILED'} {check}", flush=True)
@@ -300,10 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         machine["ingress"] = _ingress(ws) if _head_temp_dir(ws) else "unknown (endpoint not on a `rayline cluster up` head)"
         client = LoadClient()
         print(f"measuring ({args.warmup:g} s warm-up + {args.seconds:g} s each):", flush=True)
-        res_a, res_b = _measure_all(args, client, (f"{a_url}/predict", f"{b_url}/predict"), x, features)
-        text, summary = _report(args, machine, check, res_a, res_b)
+        results = _measure_all(args, client, {"(a)": f"{a_url}/predict", "(b)": f"{b_url}/predict",
+                                              "(c)": f"{c_url}/predict"}, x, features)
+        text, summary = _report(args, machine, check, results)
         print(text)
-        errors = sum(r.errors for r in [*res_a.values(), *res_b.values()])
+        errors = sum(r.errors for res in results.values() for r in res.values())
         total_s = time.monotonic() - started
         print(f"\nsetup {setup_s:.0f} s, total {total_s:.0f} s (teardown follows)")
         if args.json_out:
@@ -311,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "machine": machine, "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                 "correctness": check, **summary,
-                "results": {"a": {k: r.to_dict() for k, r in res_a.items()}, "b": {k: r.to_dict() for k, r in res_b.items()}},
+                "results": {label.strip("()"): {k: r.to_dict() for k, r in res.items()} for label, res in results.items()},
                 "setup_s": setup_s, "total_s": total_s,
             }
             args.json_out.write_text(json.dumps(result, indent=1))
@@ -330,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             client.close()
         if baseline is not None:
             baseline.stop()
+        if app_server is not None:
+            app_server.stop()
         if started_cluster:
             head_temp = _head_temp_dir(ws)
             _teardown_cluster(ws)

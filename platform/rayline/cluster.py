@@ -110,7 +110,14 @@ def serve_env(ingress: str | None = None, state_dir: str | None = None) -> dict[
 
     # Short: Ray adds a 56-character node id below it, and HAProxy's socket paths must stay
     # under 97 characters ("socket path ... too long (max 97)").
-    state = state_dir or tempfile.mkdtemp(prefix="rlhap-", dir="/tmp")
+    state = state_dir
+    if state is None:
+        # For a Ray embedded in this process: it ends with the process, and so does this dir.
+        import atexit
+        import shutil
+
+        state = tempfile.mkdtemp(prefix="rlhap-", dir="/tmp")
+        atexit.register(shutil.rmtree, state, True)
     env = {flag: "1" for flag in _HAPROXY_FLAGS}
     env.update({
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(state, "haproxy.cfg"),
@@ -258,14 +265,21 @@ def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, das
     return {**info, "started": True}
 
 
-def _head_processes(temp_dir: str) -> list:
-    """Every process of the head whose Ray temp dir is `temp_dir`, workers included."""
+def _head_processes(temp_dir: str, port: str | None = None) -> list:
+    """Every process of the head whose Ray temp dir is `temp_dir` (GCS port `port`), workers included."""
     import psutil
 
     roots = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
-            if any(temp_dir in arg for arg in proc.info["cmdline"] or ()):
+            cmdline = proc.info["cmdline"] or ()
+            if any(temp_dir in arg for arg in cmdline):
+                roots.append(proc)
+            # Ray's client server (port 10001) is started re-parented to init, and its command
+            # line names only the head's GCS address (on the machine's external IP): seen left
+            # running after every up/down pair until it was matched by that port.
+            elif port and "ray.util.client.server" in cmdline and any(
+                    arg.startswith("--address=") and arg.endswith(f":{port}") for arg in cmdline):
                 roots.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -292,7 +306,7 @@ def cluster_down(ws: Workspace, grace_s: float = 15.0) -> bool:
     temp_dir = info.get("temp_dir")
     if not temp_dir:
         raise ClusterError(f"{ws.cluster_file} names no Ray temp dir (written by an older rayline); stop that head with `ray stop`")
-    procs = _head_processes(temp_dir)
+    procs = _head_processes(temp_dir, str(info.get("address", "")).rpartition(":")[2] or None)
     for proc in procs:
         try:
             proc.send_signal(signal.SIGTERM)
@@ -305,6 +319,7 @@ def cluster_down(ws: Workspace, grace_s: float = 15.0) -> bool:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=5)
+    shutil.rmtree(_haproxy_dir(temp_dir), ignore_errors=True)
     ws.cluster_file.unlink(missing_ok=True)
     return True
 

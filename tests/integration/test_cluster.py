@@ -60,7 +60,8 @@ def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
         assert _head_processes(info_a["temp_dir"]) and _head_processes(info_b["temp_dir"])
         down = _cli(ws_a, "cluster", "down")
         assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
-        assert _head_processes(info_a["temp_dir"]) == []
+        # Every process of that head, Ray's client server (re-parented to init) included.
+        assert _head_processes(info_a["temp_dir"], str(HEAD_PORTS[0])) == []
         assert not (ws_a / "cluster.json").exists()
         assert _cli(ws_a, "cluster", "status").returncode == 1
         assert _cli(ws_b, "cluster", "status").returncode == 0
@@ -68,7 +69,7 @@ def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
         for ws in (ws_a, ws_b):
             if (ws / "cluster.json").exists():
                 _cli(ws, "cluster", "down")
-    assert info_b and _head_processes(info_b["temp_dir"]) == []
+    assert info_b and _head_processes(info_b["temp_dir"], str(HEAD_PORTS[1])) == []
 
 
 def test_quick_start_serves_until_ctrl_c(tmp_path):

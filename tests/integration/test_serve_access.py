@@ -174,7 +174,7 @@ def test_metrics_per_model_and_version_match_what_was_sent(keyfile_app, digits):
     assert got == want
     assert sum(v for k, v in found.items() if k[0] == "ray_rayline_request_latency_s_bucket") > 0
     # every answered prediction was one model call here (requests one at a time): batches of its rows
-    assert found.get(("ray_rayline_batch_size_count", "digits", v, None, None), 0) == sent.get(("/predict", 200), 0)
+    assert found.get(("ray_rayline_batch_size_count", "digits", v, None, None), 0) == sent.get(("predict", 200), 0)
 
 
 def test_serve_status_in_process(keyfile_app, digits):
