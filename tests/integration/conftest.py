@@ -84,3 +84,42 @@ def digits(ray_session, ws):
     path = ROOT / "pipelines" / "digits-torch.yaml"
     spec = apply_overrides(load_spec(path), {"tune.num_samples": 2, "train.epochs": 5})
     return run(spec, ws, spec_path=str(path))
+
+
+def deploy_registered(app_name, summary, ws, route=None, **settings):
+    """Deploy the registered model of a pipeline `summary` as Serve app `app_name`; wait until it answers."""
+    import time
+
+    import httpx
+    from ray import serve
+
+    from rayline.serve.app import build_app
+
+    route = route or f"/{app_name}"
+    args = {"name": summary.name, "version": summary.version, "workspace": str(ws.root), "framework": "torch", **settings}
+    serve.run(build_app(args), name=app_name, route_prefix=route, blocking=False)
+    url = f"http://127.0.0.1:{PORT}{route}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{app_name} did not come up within 90 s")
+
+
+def ensure_served(summary, ws, **settings):
+    """The pipeline's own endpoint, redeployed (same version, name and route) when an earlier
+    module's teardown deleted it (`free_serve_apps_after_module`): tests must not depend on order."""
+    import httpx
+
+    try:
+        if httpx.get(f"{summary.endpoint}/health", timeout=10).status_code == 200:
+            return summary.endpoint
+    except httpx.HTTPError:
+        pass
+    url = deploy_registered(summary.name, summary, ws, **settings)
+    assert url == summary.endpoint, (url, summary.endpoint)
+    return url

@@ -8,7 +8,12 @@ import httpx
 import numpy as np
 import pytest
 
-from .conftest import PORT, ROOT
+from .conftest import PORT, ROOT, ensure_served
+
+
+@pytest.fixture(scope="module", autouse=True)
+def served(digits, ws):
+    return ensure_served(digits, ws, replicas={"min": 1, "max": 2, "target_ongoing_requests": 2})
 
 
 @pytest.fixture(scope="module")

@@ -22,23 +22,14 @@ import httpx
 import numpy as np
 import pytest
 
-from .conftest import PORT
+from .conftest import PORT, deploy_registered, ensure_served
 
 BASE = f"http://127.0.0.1:{PORT}"
 
 
 @pytest.fixture(scope="module")
 def endpoint(digits, ws):
-    """The session's digits endpoint; redeployed (same version, same route) when an earlier
-    module's teardown deleted it (conftest frees every module's Serve apps)."""
-    try:
-        if httpx.get(f"{digits.endpoint}/health", timeout=10).status_code == 200:
-            return digits.endpoint
-    except httpx.HTTPError:
-        pass
-    url = _deploy("digits", digits, ws, replicas={"min": 1, "max": 2, "target_ongoing_requests": 2})
-    assert url == digits.endpoint
-    return url
+    return ensure_served(digits, ws, replicas={"min": 1, "max": 2, "target_ongoing_requests": 2})
 
 
 @pytest.fixture(scope="module")
@@ -65,22 +56,7 @@ def predictor(digits, ws):
 
 
 def _deploy(name, digits, ws, **settings):
-    from ray import serve
-
-    from rayline.serve.app import build_app
-
-    args = {"name": "digits", "version": digits.version, "workspace": str(ws.root), "framework": "torch", **settings}
-    serve.run(build_app(args), name=name, route_prefix=f"/{name}", blocking=False)
-    url = f"{BASE}/{name}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{name} did not come up within 90 s")
+    return deploy_registered(name, digits, ws, **settings)
 
 
 def _post(url, body, timeout=60):
@@ -193,6 +169,28 @@ def test_batcher_merges_splits_and_isolates_model_errors(ray_session):
 
 
 # ---------------------------------------------------------------- errors
+
+
+def test_array_rows_answer_exactly_as_object_rows(endpoint, rows, features):
+    objects = rows[:7]
+    arrays = [[row[f] for f in features] for row in objects]
+    a = httpx.post(f"{endpoint}/predict", json={"instances": objects, "probabilities": True}, timeout=30)
+    b = httpx.post(f"{endpoint}/predict", json={"instances": arrays, "probabilities": True}, timeout=30)
+    assert a.status_code == b.status_code == 200, b.text
+    assert a.json() == b.json()
+
+
+@pytest.mark.parametrize("mutate, loc, kind", [
+    (lambda r: r[:-1], ["body", "instances", 1, "pixel_7_7"], "missing"),
+    (lambda r: [*r[:5], "bright", *r[6:]], ["body", "instances", 1, "pixel_0_5"], "float_type"),
+    (lambda r: [*r[:5], 1e39, *r[6:]], ["body", "instances", 1, "pixel_0_5"], "less_than_equal"),
+])
+def test_bad_array_rows_are_422_naming_the_feature(endpoint, rows, features, mutate, loc, kind):
+    arrays = [[row[f] for f in features] for row in rows[:2]]
+    arrays[1] = mutate(arrays[1])
+    response = httpx.post(f"{endpoint}/predict", json={"instances": arrays}, timeout=30)
+    assert response.status_code == 422, response.text
+    assert {"loc": loc, "type": kind} in [{"loc": d["loc"], "type": d["type"]} for d in response.json()["detail"]]
 
 
 def test_overflowing_number_is_422_naming_the_feature(endpoint, rows, features):

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from rayline.data.preprocess import FeatureInfo, FittedPreprocessing, LabelInfo
-from rayline.serve.schema import build_request_model
+from rayline.serve.schema import located, build_request_model
 
 PRE = FittedPreprocessing(
     features=[
@@ -18,6 +18,7 @@ PRE = FittedPreprocessing(
     ],
     label=LabelInfo("churn", "classification", ["no", "yes"]),
 )
+NAMES = [f.name for f in PRE.features]
 GOOD = {"age": 30.5, "fee": 10, "plan": "pro", "region": "asia", "active": True}
 Request = build_request_model(PRE, max_instances=3)
 
@@ -25,7 +26,7 @@ Request = build_request_model(PRE, max_instances=3)
 def _errors(instances, **extra):
     with pytest.raises(ValidationError) as info:
         Request.model_validate({"instances": instances, **extra})
-    return [(tuple(e["loc"]), e["type"]) for e in info.value.errors()]
+    return [(located(tuple(e["loc"]), NAMES), e["type"]) for e in info.value.errors()]
 
 
 def test_valid_request_keeps_feature_names():
@@ -68,7 +69,7 @@ Adapter = build_request_adapter(PRE, max_instances=3)
 def _adapter_errors(instances, **extra):
     with pytest.raises(ValidationError) as info:
         Adapter.validate_json(json.dumps({"instances": instances, **extra}))
-    return [(tuple(e["loc"]), e["type"]) for e in info.value.errors()]
+    return [(located(tuple(e["loc"]), NAMES), e["type"]) for e in info.value.errors()]
 
 
 @pytest.mark.parametrize("row, loc, kind", [
@@ -100,3 +101,18 @@ def test_adapter_gives_plain_dicts_and_limits():
 def test_float32_bounds_are_in_the_documented_schema():
     props = Request.model_json_schema()["$defs"]["Instance"]["properties"]
     assert props["fee"]["maximum"] == FLOAT32_MAX and props["fee"]["minimum"] == -FLOAT32_MAX
+
+
+def test_array_rows_validate_by_position_and_errors_name_the_feature():
+    import json
+
+    adapter = build_request_adapter(PRE, max_instances=3)
+    row = [GOOD[name] for name in NAMES]
+    assert list(adapter.validate_json(json.dumps({"instances": [row]}))["instances"][0]) == row
+    bad = [row[0], "10", *row[2:]]
+    with pytest.raises(ValidationError) as info:
+        adapter.validate_json(json.dumps({"instances": [row, bad]}))
+    assert [(located(tuple(e["loc"]), NAMES), e["type"]) for e in info.value.errors()] == [(("instances", 1, "fee"), "float_type")]
+    with pytest.raises(ValidationError) as info:
+        adapter.validate_json(json.dumps({"instances": [row[:-1]]}))
+    assert [(located(tuple(e["loc"]), NAMES), e["type"]) for e in info.value.errors()] == [(("instances", 0, "active"), "missing")]

@@ -199,3 +199,16 @@ def test_a_correct_order_validates(tmp_path):
                                  {"impute": {"columns": ["age"]}}, {"standard_scale": {"columns": "numeric"}}])
     proc = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", str(path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_array_rows_in_feature_order_equal_object_rows():
+    fitted = _fit(*EVERY_STEP[:4], {"one_hot": {"columns": ["region"]}}, *EVERY_STEP[5:])
+    names = [f.name for f in FEATURES]
+    arrays = [[row.get(n) for n in names] for row in ROWS]
+    assert np.array_equal(fitted.encode_records(arrays), fitted.encode_records(ROWS))
+    numeric = fit_preprocessing(TRAIN[["fee", "seats"]], [FEATURES[2], FEATURES[3]], LABEL, _steps({"standard_scale": {"columns": "numeric"}}))
+    assert np.array_equal(numeric.encode_records([[1, 2], [3, 4]]), numeric.encode_records([{"fee": 1, "seats": 2}, {"fee": 3, "seats": 4}]))
+    with pytest.raises(DataError, match=r"^instances\[1\]: expected 2 values in feature order \(got 3\)$"):
+        numeric.encode_records([[1, 2], [1, 2, 3]])
+    with pytest.raises(DataError, match=r"^instances\[0\]\.seats: value overflows .* \(got 1e\+39"):
+        numeric.encode_records([[1, 1e39]])

@@ -34,12 +34,13 @@ class Batch:
 
     __slots__ = ("num", "cat", "hot", "where", "raw")
 
-    def __init__(self, num: np.ndarray, cat: dict[str, np.ndarray], where: Callable[[int], str], raw=None):
+    def __init__(self, num: np.ndarray, cat: dict[str, np.ndarray], where: Callable[[int], str],
+                 raw: Callable[[int, str], object] | None = None):
         self.num = num
         self.cat = cat
         self.hot: dict[str, np.ndarray] = {}
         self.where = where  # row index -> error prefix: "instances[3]." for requests, "" for data
-        self.raw = raw  # the request rows, to echo one offending value in an error
+        self.raw = raw  # (row, feature) -> the request's value, to echo one offending value in an error
 
     def __len__(self) -> int:
         return self.num.shape[0]
@@ -173,6 +174,8 @@ class CompiledTransform:
         self.numeric_positions = np.array(numeric_positions, dtype=np.intp)
         self.numeric_only = not self.blocks  # then the output is the numeric block itself
         self._getter = itemgetter(*self.layout.numeric) if len(self.layout.numeric) > 1 else None
+        self.positions = {f.name: i for i, f in enumerate(features)}  # a feature's place in an array row
+        self._arrays_are_numeric = self.layout.numeric == [f.name for f in features]
 
     # ------------------------------------------------------------ inputs
 
@@ -192,7 +195,29 @@ class CompiledTransform:
             values = np.empty(n, dtype=object)
             values[:] = [row.get(col) for row in rows]
             cat[col] = values
-        return Batch(num, cat, lambda i: f"instances[{i}].", raw=rows)
+        return Batch(num, cat, lambda i: f"instances[{i}].", raw=lambda i, name: rows[i].get(name))
+
+    def batch_from_arrays(self, rows: list) -> Batch:
+        """Rows as arrays of values in feature order (the request's `arrays` form)."""
+        n, width = len(rows), len(self.positions)
+        bad = next((i for i, row in enumerate(rows) if len(row) != width), None)
+        if bad is not None:
+            raise DataError(f"instances[{bad}]: expected {width} values in feature order (got {len(rows[bad])})")
+        numeric = [self.positions[c] for c in self.layout.numeric]
+        try:
+            if self._arrays_are_numeric:
+                num = np.array(rows, dtype=np.float64).reshape(n, width)
+            else:
+                num = np.array([[row[i] for i in numeric] for row in rows], dtype=np.float64).reshape(n, len(numeric))
+        except (TypeError, ValueError):
+            names = list(self.positions)
+            raise _not_a_number([dict(zip(names, row)) for row in rows], self.layout.numeric) from None
+        cat = {}
+        for col in self.layout.categorical:
+            values = np.empty(n, dtype=object)
+            values[:] = [row[self.positions[col]] for row in rows]
+            cat[col] = values
+        return Batch(num, cat, lambda i: f"instances[{i}].", raw=lambda i, name: rows[i][self.positions[name]])
 
     def batch_from_frame(self, frame) -> Batch:
         missing = [c for c in self.layout.numeric + self.layout.categorical if c not in frame.columns]
@@ -232,8 +257,10 @@ class CompiledTransform:
             raise self._overflow_error(batch, out)
         return out
 
-    def transform_records(self, rows: list[dict]) -> np.ndarray:
-        return self.matrix(self.run(self.batch_from_records(rows)))
+    def transform_records(self, rows: list) -> np.ndarray:
+        """Request rows: objects {feature: value}, or arrays of values in feature order."""
+        arrays = bool(rows) and isinstance(rows[0], (list, tuple))
+        return self.matrix(self.run(self.batch_from_arrays(rows) if arrays else self.batch_from_records(rows)))
 
     def transform_frame(self, frame) -> np.ndarray:
         return self.matrix(self.run(self.batch_from_frame(frame)))
@@ -263,7 +290,7 @@ class CompiledTransform:
     def _overflow_error(self, batch: Batch, out: np.ndarray) -> DataError:
         row, col = (int(i) for i in np.argwhere(~np.isfinite(out))[0])
         name = self.output_columns[col]
-        got = f" (got {batch.raw[row].get(name)!r}" if batch.raw is not None else " ("
+        got = f" (got {batch.raw(row, name)!r}" if batch.raw is not None else " ("
         return DataError(
             f"{batch.where(row)}{name}: value overflows the model's float32 input after preprocessing"
             f"{got}{'; ' if batch.raw is not None else ''}allowed: values whose preprocessed magnitude is at most {FLOAT32_MAX:.4g})"

@@ -26,7 +26,7 @@ from rayline.model import Predictor
 from rayline.serve.limits import BodyTooLarge, read_body
 from rayline.serve.metrics import observe_rows
 from rayline.serve.responses import error_response, install_error_handlers, validation_response
-from rayline.serve.schema import FLOAT32_MAX, PredictResponse, build_request_adapter, build_request_model
+from rayline.serve.schema import FLOAT32_MAX, PredictResponse, located, build_request_adapter, build_request_model
 
 __all__ = ["build_http_app", "DEFAULT_MAX_BODY_BYTES"]
 
@@ -51,6 +51,7 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
     adapter = build_request_adapter(predictor.preprocessing, max_instances)
     features = predictor.preprocessing.features
     nullable = [f.name for f in features if f.nullable]
+    feature_names = [f.name for f in features]
     if infer is None:
         async def infer(x: np.ndarray, alone: bool) -> np.ndarray:
             return predictor.infer(x)
@@ -81,11 +82,13 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
         try:
             data = adapter.validate_json(body)
         except ValidationError as exc:
-            return validation_response(_explained(exc.errors(include_url=False, include_input=False, include_context=False)))
+            return validation_response(_explained(exc.errors(include_url=False, include_input=False, include_context=False),
+                                                  feature_names))
         rows = data["instances"]
-        for row in rows if nullable else ():
-            for feature in nullable:
-                row.setdefault(feature, None)
+        if nullable and isinstance(rows[0], dict):
+            for row in rows:
+                for feature in nullable:
+                    row.setdefault(feature, None)
         try:
             x = predictor.encode(rows)
             if request_timeout_s is None:
@@ -140,11 +143,14 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
 _RANGE_MSG = f"outside the model's float32 input range (allowed: -{FLOAT32_MAX:.8g} to {FLOAT32_MAX:.8g})"
 
 
-def _explained(errors: list[dict]) -> list[dict]:
+def _explained(errors: list[dict], feature_names: list[str]) -> list[dict]:
     for error in errors:
         if error["type"] in ("less_than_equal", "greater_than_equal"):
             error["msg"] = _RANGE_MSG
+        error["loc"] = located(tuple(error["loc"]), feature_names)
     return errors
+
+
 
 
 def _document_request_body(app: FastAPI, model) -> None:
