@@ -50,12 +50,13 @@ def test_build_app_maps_the_spec_to_ray_serve_options():
     auto = d._deployment_config.autoscaling_config
     assert (auto.min_replicas, auto.max_replicas, auto.upscale_delay_s, auto.downscale_delay_s) == (1, 3, 1, 5)
     assert d.ray_actor_options["num_cpus"] == 0.5 and d.ray_actor_options["num_gpus"] == 0.25
-    assert d.max_ongoing_requests == 8 and d.max_queued_requests == 4
-    assert (d.backpressure_config.status_code, d.backpressure_config.retry_after_s) == (429, 3)
+    from rayline.serve.app import REFUSAL_HEADROOM
+
+    assert d.max_ongoing_requests == 8 + 4 + REFUSAL_HEADROOM and d.max_queued_requests == -1  # the app queues and refuses (limits.py)
 
 
 def test_build_app_rejects_unknown_or_bad_args():
-    from rayline.serve.app import build_app
+    from rayline.serve.app import REFUSAL_HEADROOM, build_app
 
     with pytest.raises(ServeError, match=r"unknown keys \['batch_size'\]"):
         build_app({"name": "digits", "batch_size": 8})

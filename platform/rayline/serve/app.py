@@ -19,7 +19,11 @@ from ray import serve
 
 from rayline.errors import ServeError
 
-__all__ = ["ModelServer", "build_app", "deploy"]
+__all__ = ["ModelServer", "build_app", "deploy", "REFUSAL_HEADROOM"]
+
+# Requests past running + waiting that Ray still hands to a replica, so the app (not Ray)
+# is the one refusing them, with a JSON body.
+REFUSAL_HEADROOM = 16
 
 
 @serve.deployment(max_ongoing_requests=64, health_check_period_s=10)
@@ -77,11 +81,13 @@ class ModelServer:
 
         s = self.settings
         from rayline.serve.auth import install_auth
+        from rayline.serve.limits import install_admission_limit
         from rayline.serve.metrics import install_metrics
 
         app = build_http_app(self.predictor, self.version, s.max_instances, infer=self.infer,
                              max_body_bytes=s.max_body_bytes, request_timeout_s=s.request_timeout_s)
-        install_auth(app, self.api_keys)
+        install_admission_limit(app, s.max_ongoing_requests, s.max_queued_requests, s.retry_after_s)  # innermost
+        install_auth(app, self.api_keys)  # outside the queue: refused callers never wait for a slot
         install_metrics(app, self.predictor.name, self.version)  # last, so outermost: 401s are counted too
         return app
 
@@ -114,7 +120,6 @@ def build_app(args: dict[str, Any]):
     env = {}
     if args.get("framework"):
         env = load_backend(args["framework"]).worker_env() if backend_info(args["framework"]) else {}
-    from ray.serve.config import BackpressureConfig
 
     replicas, resources = spec.replicas, spec.resources_per_replica
     actor_options: dict[str, Any] = {"num_cpus": resources.cpus}
@@ -134,11 +139,13 @@ def build_app(args: dict[str, Any]):
             "look_back_period_s": replicas.look_back_period_s,
         },
         "ray_actor_options": actor_options,
-        "max_ongoing_requests": spec.max_ongoing_requests,
-        # Ray Serve's own queue limit: a request past it is refused before it reaches a replica
-        # (proxy) or the app (direct ingress), with 429 and Retry-After instead of Ray's 503.
-        "max_queued_requests": spec.max_queued_requests,
-        "backpressure_config": BackpressureConfig(status_code=429, retry_after_s=spec.retry_after_s),
+        # Ray lets running + waiting requests into a replica, plus room for the ones to refuse;
+        # the app's AdmissionLimit (limits.py) runs max_ongoing of them, holds max_queued and
+        # answers the rest with a JSON 429 + Retry-After in microseconds. Ray's own queue limit
+        # would answer first, with its plain-text body (seen in the 429 test), so it is off: a
+        # request Ray holds back waits only until the app has refused the ones ahead of it.
+        "max_ongoing_requests": spec.max_ongoing_requests + max(spec.max_queued_requests, 0) + REFUSAL_HEADROOM,
+        "max_queued_requests": -1,
     }
     settings = spec.model_dump()
     if args.get("debug_infer_delay_s"):

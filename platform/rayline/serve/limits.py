@@ -1,14 +1,68 @@
-"""Request limits enforced inside the replica's app: body size (413) and time budget (504).
+"""Request limits enforced inside the replica's app: body size (413), time budget (504) and
+the queue (429 with Retry-After).
 
-The queue limit (429 with Retry-After) is Ray Serve's own (`max_queued_requests` with a
-`BackpressureConfig`, see app.py): it rejects requests before they reach this code.
+Why the queue limit is ours and not only Ray's: Ray Serve's `max_queued_requests` with a
+`BackpressureConfig` answers 429 and Retry-After, but with Ray's plain-text body "Request
+dropped due to backpressure" (Ray 2.60 has no option for it), and every rayline error is a
+JSON body. So Ray lets `max_ongoing + max_queued` requests (plus some to refuse) into each
+replica and queues no more itself (app.py); `AdmissionLimit` here runs `max_ongoing` of them,
+holds up to `max_queued` waiting, and answers the next with a JSON 429.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import math
+
 from starlette.requests import Request
 
-__all__ = ["BodyTooLarge", "read_body"]
+__all__ = ["BodyTooLarge", "read_body", "AdmissionLimit", "install_admission_limit"]
+
+
+class AdmissionLimit:
+    """ASGI middleware: at most `max_ongoing` requests in the app, at most `max_queued` waiting
+    for a slot (-1: no limit); beyond that a JSON 429 with Retry-After. GET /health always passes."""
+
+    def __init__(self, app, max_ongoing: int, max_queued: int, retry_after_s: int, open_paths=("/health",)):
+        self.app = app
+        self.max_queued = max_queued
+        self.retry_after = str(max(0, math.ceil(retry_after_s))).encode()
+        self.slots = asyncio.Semaphore(max_ongoing)
+        self.waiting = 0
+        self.open = frozenset(open_paths)
+        self.body = json.dumps({"detail": f"too many requests: {max_ongoing} running and {max_queued} waiting in this "
+                                          f"replica (serve.max_ongoing_requests, serve.max_queued_requests); "
+                                          f"retry after {self.retry_after.decode()} s"}).encode()
+
+    def _open(self, scope) -> bool:
+        root, path = scope.get("root_path", ""), scope["path"]
+        if root and path.startswith(root):  # Serve mounts the app at its route prefix
+            path = path[len(root):] or "/"
+        return scope.get("method") in ("GET", "HEAD") and path in self.open
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self._open(scope):
+            return await self.app(scope, receive, send)
+        if 0 <= self.max_queued <= self.waiting and self.slots.locked():
+            await send({"type": "http.response.start", "status": 429, "headers": [
+                (b"content-type", b"application/json"), (b"retry-after", self.retry_after),
+                (b"content-length", str(len(self.body)).encode())]})
+            await send({"type": "http.response.body", "body": self.body})
+            return
+        self.waiting += 1
+        try:
+            await self.slots.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.slots.release()
+
+
+def install_admission_limit(app, max_ongoing: int, max_queued: int, retry_after_s: int) -> None:
+    app.add_middleware(AdmissionLimit, max_ongoing=max_ongoing, max_queued=max_queued, retry_after_s=retry_after_s)
 
 
 class BodyTooLarge(Exception):
