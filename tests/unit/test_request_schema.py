@@ -40,20 +40,6 @@ def test_imputed_feature_may_be_omitted():
     assert Request.model_validate({"instances": [row]}).instances[0].model_dump(by_alias=True)["age"] is None
 
 
-@pytest.mark.parametrize("row, loc, kind", [
-    ({k: v for k, v in GOOD.items() if k != "fee"}, ("instances", 0, "fee"), "missing"),
-    ({**GOOD, "colour": "red"}, ("instances", 0, "colour"), "extra_forbidden"),
-    ({**GOOD, "fee": "10"}, ("instances", 0, "fee"), "float_type"),
-    ({**GOOD, "fee": True}, ("instances", 0, "fee"), "float_type"),
-    ({**GOOD, "fee": None}, ("instances", 0, "fee"), "float_type"),
-    ({**GOOD, "plan": "enterprise"}, ("instances", 0, "plan"), "literal_error"),
-    ({**GOOD, "region": 3}, ("instances", 0, "region"), "string_type"),
-    ({**GOOD, "active": "yes"}, ("instances", 0, "active"), "bool_type"),
-])
-def test_bad_instances_name_the_field(row, loc, kind):
-    assert (loc, kind) in _errors([row])
-
-
 def test_empty_too_many_and_unknown_top_level_keys():
     assert _errors([]) == [(("instances",), "too_short")]
     assert _errors([GOOD] * 4) == [(("instances",), "too_long")]

@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from rayline.data.steps import is_missing
 from rayline.errors import DataError
 
 __all__ = ["Batch", "Layout", "AffineOp", "FillNumericOp", "FillCategoryOp", "OneHotOp", "CompiledTransform", "FLOAT32_MAX"]
@@ -91,10 +92,6 @@ class FillNumericOp:
             np.copyto(batch.num, np.broadcast_to(self.fill, batch.num.shape), where=missing)
 
 
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
-
-
 class FillCategoryOp:
     """Missing values of one categorical column <- a fill value."""
 
@@ -104,7 +101,7 @@ class FillCategoryOp:
     def __call__(self, batch: Batch) -> None:
         values = batch.cat[self.column]
         for i, value in enumerate(values):
-            if _missing(value):
+            if is_missing(value):
                 values[i] = self.value
 
 
@@ -121,7 +118,7 @@ class OneHotOp:
     def __call__(self, batch: Batch) -> None:
         index, key = self.index, self._key
         n = len(batch)
-        codes = np.fromiter((-2 if _missing(v) else index.get(key(v), -1) for v in batch.cat[self.column]), np.int64, n)
+        codes = np.fromiter((-2 if is_missing(v) else index.get(key(v), -1) for v in batch.cat[self.column]), np.int64, n)
         if self.error and (codes == -1).any():
             row = int(np.flatnonzero(codes == -1)[0])
             raise DataError(

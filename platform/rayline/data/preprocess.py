@@ -19,17 +19,13 @@ import pandas as pd
 
 from rayline.data import partials
 from rayline.data.compiled import CompiledTransform
-from rayline.data.steps import NUMERIC_KINDS, STEPS, ColumnPlan, Step, check_steps, step_from_state, value_key, value_rank
+from rayline.data.steps import value_key, Step, STEPS, ColumnPlan, check_steps, step_from_state
 from rayline.errors import DataError
 
 __all__ = ["FeatureInfo", "LabelInfo", "FittedPreprocessing", "column_kind", "fit_preprocessing"]
 
 FEATURES = "features"
 LABEL = "label"
-
-# Kept for callers of the old private names.
-_key, _rank = value_key, value_rank
-
 
 def column_kind(dtype) -> str:
     """'integer', 'number', 'boolean' or 'string' for a pandas or Arrow dtype."""

@@ -39,6 +39,7 @@ __all__ = [
     "step_from_state",
     "value_key",
     "value_rank",
+    "is_missing",
     "NUMERIC_KINDS",
 ]
 
