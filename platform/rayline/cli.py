@@ -7,15 +7,16 @@ Every `RaylineError` is printed as a message with its exit code; never a traceba
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from rayline.console import console, err_console, styled
 from rayline.errors import RaylineError, SpecError
 
 __all__ = ["app", "main"]
@@ -31,9 +32,6 @@ cluster_app = typer.Typer(help="A local Ray head on this machine that outlives t
 app.add_typer(cluster_app, name="cluster")
 serve_app = typer.Typer(help="Models served by Ray Serve on the connected cluster.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
-
-console = Console()
-err_console = Console(stderr=True)
 
 WorkspaceOpt = typer.Option(None, "--workspace", "-w", envvar="RAYLINE_WORKSPACE",
                             help="State directory (MLflow store, artifacts, runs). Default ./.rayline.")
@@ -56,11 +54,11 @@ def validate(specs: List[Path] = typer.Argument(..., help="Pipeline spec files."
             spec = load_spec(path)
         except SpecError as exc:
             failed += 1
-            err_console.print(f"[red]✗[/red] {exc}", markup=True, highlight=False)
+            err_console.print(styled(("✗", "red"), f" {exc}"))
             continue
-        console.print(f"[green]✓[/green] {path}: {spec.name} ({spec.model.framework}"
-                      f"{', tune ' + str(spec.tune.num_samples) + ' trials' if spec.tune else ''}"
-                      f"{', served at ' + spec.route if spec.serve else ''})", highlight=False)
+        console.print(styled(("✓", "green"), f" {path}: {spec.name} ({spec.model.framework}"
+                             f"{', tune ' + str(spec.tune.num_samples) + ' trials' if spec.tune else ''}"
+                             f"{', served at ' + spec.route if spec.serve else ''})"))
     if failed:
         raise typer.Exit(2)
 
@@ -103,7 +101,7 @@ def run(
         summary = _run_with_progress(spec, ws, str(spec_path), not no_serve, host, port)
         _print_summary(summary, spec)
         if summary.endpoint and conn.embedded and not exit_after_deploy:
-            console.print(f"\nServing [bold]{summary.endpoint}[/bold] from an embedded Ray. Press Ctrl-C to stop.")
+            console.print(styled("\nServing ", (summary.endpoint, "bold"), " from an embedded Ray. Press Ctrl-C to stop."))
             try:
                 while True:
                     time.sleep(3600)
@@ -121,8 +119,10 @@ def _run_with_progress(spec, ws, spec_path, deploy, host, port):
     from rayline.runner import run_pipeline
 
     stages = ["data", "train", "register"] + (["deploy"] if deploy and spec.serve else [])
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
-        tasks = {s: progress.add_task(f"[dim]{s}[/dim]", total=1, start=False) for s in stages}
+    # markup=False: stage details hold user text (spec names, paths, routes) printed as written.
+    with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
+                  console=console) as progress:
+        tasks = {s: progress.add_task(s, total=1, start=False) for s in stages}
 
         def on_stage(stage: str, event: str, detail: str = "") -> None:
             task = tasks.get(stage)
@@ -130,9 +130,9 @@ def _run_with_progress(spec, ws, spec_path, deploy, host, port):
                 return
             if event == "start":
                 progress.start_task(task)
-                progress.update(task, description=f"[bold]{stage}[/bold] {detail}")
+                progress.update(task, description=f"{stage} {detail}")
             else:
-                progress.update(task, completed=1, description=f"[green]✓ {stage}[/green] {detail}")
+                progress.update(task, completed=1, description=f"✓ {stage} {detail}")
                 progress.stop_task(task)
 
         return run_pipeline(spec, ws, spec_path=spec_path, deploy=deploy, host=host, port=port, on_stage=on_stage)
@@ -160,14 +160,15 @@ def _print_summary(summary, spec) -> None:
             trials.add_row(t.trial_id, json.dumps(t.overrides), f"{score:.4f}" if score is not None else "-",
                            str(len(t.result.history)) if t.result else "-", t.status)
         console.print(trials)
-    console.print(f"registered: model [bold]{summary.name}[/bold] version [bold]{summary.version}[/bold] (MLflow run {summary.run_id})")
+    console.print(styled("registered: model ", (summary.name, "bold"), " version ", (str(summary.version), "bold"),
+                         f" (MLflow run {summary.run_id})"))
     if summary.resumed_from:
         console.print(f"resumed after failures from epochs {summary.resumed_from}")
     if summary.endpoint:
         example = _example_instance(spec)
         body = json.dumps({"instances": [example]})
-        console.print(f"endpoint: [bold]{summary.endpoint}[/bold]  (docs: {summary.endpoint}/docs)")
-        console.print("try:", highlight=False)
+        console.print(styled("endpoint: ", (summary.endpoint, "bold"), f"  (docs: {summary.endpoint}/docs)"))
+        console.print("try:")
         print(f"  curl -s -X POST {summary.endpoint}/predict -H 'Content-Type: application/json' -d '{body}'")
 
 
@@ -315,18 +316,41 @@ def serve_status(
                       "-" if a.errors is None else str(a.errors))
     console.print(table)
     if report.metrics_note:
-        console.print(f"[yellow]{report.metrics_note}[/yellow]")
+        console.print(styled((report.metrics_note, "yellow")))
+
+
+def _debug() -> bool:
+    """RAYLINE_DEBUG=1 (or true/yes): print the full exception chain before the one-line error."""
+    return os.environ.get("RAYLINE_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _print_chain(exc: BaseException) -> None:
+    import traceback
+
+    err_console.print("".join(traceback.format_exception(exc)).rstrip())
 
 
 def main() -> None:
     try:
         app()
     except RaylineError as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        if _debug():
+            _print_chain(exc)
+        err_console.print(styled(("error:", "red"), f" {exc}"))
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if _debug():
+            _print_chain(exc)
         err_console.print("interrupted")
         sys.exit(130)
+    except Exception as exc:  # a bug in rayline or a library it calls: one line, the chain on request
+        if _debug():
+            _print_chain(exc)
+            err_console.print(styled(("internal error:", "red"), f" {type(exc).__name__}: {exc}"))
+        else:
+            err_console.print(styled(("internal error:", "red"), f" {type(exc).__name__}: {exc} "
+                                     "(set RAYLINE_DEBUG=1 for the traceback, and please report it)"))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,106 @@
+"""The CLI prints user text as written (no rich markup) and one line per error, the chain on request."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import typer
+
+from rayline import cli
+from rayline.console import console
+from rayline.errors import DataError
+from rayline.runner import RunSummary
+
+
+def rayline(*args, cwd, env=None):
+    return subprocess.run([sys.executable, "-m", "rayline.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_markup_in_a_spec_name_is_printed_as_written(tmp_path):
+    (tmp_path / "s.yaml").write_text('name: "[/x]"\n')
+    out = rayline("validate", "s.yaml", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "got '[/x]'" in out.stderr
+    assert "Traceback" not in out.stderr and "MarkupError" not in out.stderr
+
+
+def test_markup_in_a_column_name_is_printed_as_written(tmp_path):
+    (tmp_path / "rows.csv").write_text("a,y\n1,0\n2,1\n3,0\n4,1\n5,0\n6,1\n7,0\n8,1\n9,0\n10,1\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: markup\ndata:\n  source: {format: csv, path: rows.csv}\n  label: y\n  features: ['[bold]', '[/]']\n"
+        "model: {framework: xgboost, kind: gbdt}\n")
+    out = rayline("validate", "s.yaml", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "[bold]" in out.stderr and "[/]" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_markup_in_an_option_value_is_printed_as_written(tmp_path):
+    out = rayline("predict", "/x", "-o", "[/]", cwd=tmp_path)
+    assert out.returncode != 0
+    assert "got '[/]'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_run_summary_prints_markup_like_names_verbatim():
+    summary = RunSummary(name="[/a]", version="[bold]1", task="classification", metric="accuracy",
+                         valid_metrics={"accuracy": 0.5}, test_metrics={"accuracy": 0.5, "[red]x": 1.0},
+                         endpoint="http://127.0.0.1:1/[/]", run_id="[/run]")
+    with console.capture() as captured:
+        cli._print_summary(summary, spec=None)
+    text = captured.get()
+    for raw in ("[/a]", "[bold]1", "[red]x", "http://127.0.0.1:1/[/]", "[/run]"):
+        assert raw in text, raw
+
+
+def _run_main(monkeypatch, capsys, exc_factory, debug: bool):
+    probe = typer.Typer()
+
+    @probe.command()
+    def boom() -> None:
+        raise exc_factory()
+
+    monkeypatch.setattr(cli, "app", probe)
+    monkeypatch.setattr(sys, "argv", ["rayline"])
+    if debug:
+        monkeypatch.setenv("RAYLINE_DEBUG", "1")
+    else:
+        monkeypatch.delenv("RAYLINE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def _chained_data_error():
+    try:
+        {}["missing-column"]
+    except KeyError as cause:
+        try:
+            raise DataError("rows.csv: column 'missing-column' not found") from cause
+        except DataError as exc:
+            return exc
+
+
+def test_a_rayline_error_is_one_line_by_default(monkeypatch, capsys):
+    code, err = _run_main(monkeypatch, capsys, _chained_data_error, debug=False)
+    assert code == DataError.exit_code
+    assert err.strip() == "error: rows.csv: column 'missing-column' not found"
+
+
+def test_rayline_debug_prints_the_whole_chain(monkeypatch, capsys):
+    code, err = _run_main(monkeypatch, capsys, _chained_data_error, debug=True)
+    assert code == DataError.exit_code
+    assert "KeyError: 'missing-column'" in err
+    assert "direct cause of the following exception" in err
+    assert err.strip().endswith("error: rows.csv: column 'missing-column' not found")
+
+
+def test_an_unexpected_exception_is_one_line_with_a_hint(monkeypatch, capsys):
+    code, err = _run_main(monkeypatch, capsys, lambda: ZeroDivisionError("division by zero"), debug=False)
+    assert code == 1
+    assert "Traceback" not in err
+    assert "internal error: ZeroDivisionError: division by zero" in err and "RAYLINE_DEBUG=1" in err
+    code, err = _run_main(monkeypatch, capsys, lambda: ZeroDivisionError("division by zero"), debug=True)
+    assert "Traceback" in err and "ZeroDivisionError" in err
