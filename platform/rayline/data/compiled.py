@@ -185,8 +185,8 @@ class CompiledTransform:
             except KeyError:  # an imputed feature left out of a row
                 values = [[row.get(c) for c in numeric] for row in rows]
             num = np.array(values, dtype=np.float64).reshape(n, len(numeric))
-        except (TypeError, ValueError, AttributeError):
-            raise _not_a_number(rows, numeric) from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise _not_a_number(rows, numeric) from exc
         cat = {}
         for col in self.layout.categorical:
             values = np.empty(n, dtype=object)
@@ -206,9 +206,9 @@ class CompiledTransform:
                 num = np.array(rows, dtype=np.float64).reshape(n, width)
             else:
                 num = np.array([[row[i] for i in numeric] for row in rows], dtype=np.float64).reshape(n, len(numeric))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as exc:
             names = list(self.positions)
-            raise _not_a_number([dict(zip(names, row)) for row in rows], self.layout.numeric) from None
+            raise _not_a_number([dict(zip(names, row)) for row in rows], self.layout.numeric) from exc
         cat = {}
         for col in self.layout.categorical:
             values = np.empty(n, dtype=object)
@@ -223,9 +223,9 @@ class CompiledTransform:
         numeric = self.layout.numeric
         try:
             num = frame[numeric].to_numpy(dtype=np.float64, na_value=np.nan, copy=True).reshape(len(frame), len(numeric))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as exc:
             bad = [c for c in numeric if not _is_numeric_column(frame[c])]
-            raise DataError(f"data: feature columns {bad} hold values that are not numbers (allowed: numeric columns, or one_hot them)") from None
+            raise DataError(f"data: feature columns {bad} hold values that are not numbers (allowed: numeric columns, or one_hot them)") from exc
         cat = {col: frame[col].to_numpy(dtype=object, copy=True) for col in self.layout.categorical}
         return Batch(num, cat, lambda i: "")
 

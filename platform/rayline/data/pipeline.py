@@ -65,7 +65,7 @@ def prepare_data(spec) -> PreparedData:
     try:
         schema = ds.schema()
     except Exception as exc:
-        raise DataError(f"data.source: cannot read {source.format} data: {exc}") from None
+        raise DataError(f"data.source: cannot read {source.format} data: {exc}") from exc
     columns = list(schema.names)
     label = spec.data.label
     if label not in columns:
@@ -114,7 +114,7 @@ def prepare_data(spec) -> PreparedData:
         train, valid = convert(train_raw), convert(valid_raw)
         test = convert(test_raw) if test_raw is not None else None
     except Exception as exc:  # surface our DataError from inside Ray Data tasks
-        raise _unwrap_data_error(exc) from None
+        raise _unwrap_data_error(exc) from exc
     test_frame = test_raw.to_pandas() if test_raw is not None else valid_raw.to_pandas()
     return PreparedData(
         train=train,

@@ -89,7 +89,7 @@ class FittedPreprocessing:
         try:
             return np.array([index[value_key(v)] for v in values], dtype=np.int64)
         except KeyError as exc:
-            raise DataError(f"data.label: value {exc.args[0]!r} is not a known class ({self.label.classes})") from None
+            raise DataError(f"data.label: value {exc.args[0]!r} is not a known class ({self.label.classes})") from exc
 
     def decode(self, class_ids) -> list:
         return [self.label.classes[int(i)] for i in class_ids]

@@ -80,7 +80,7 @@ def load_api_keys(auth: Mapping[str, Any], environ: Mapping[str, str] | None = N
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
             raise ServeError(f"{where}: cannot be read on the Ray node of this replica ({reason}; allowed: a UTF-8 "
-                             f"file with one key per line, readable where the replicas run)") from None
+                             f"file with one key per line, readable where the replicas run)") from exc
         keys = parse_keys(text, separator=None, where=where)
     if not keys:
         raise ServeError(f"{where} holds no API keys (got none; allowed: "

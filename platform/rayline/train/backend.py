@@ -69,13 +69,13 @@ def import_callable(ref: str, search_paths: list[str]) -> Callable[..., Any]:
     except ImportError as exc:
         from rayline.errors import SpecError
 
-        raise SpecError([f"model.import: cannot import module {module_name!r} ({exc}; searched {search_paths})"]) from None
+        raise SpecError([f"model.import: cannot import module {module_name!r} ({exc}; searched {search_paths})"]) from exc
     try:
         return getattr(module, attr)
-    except AttributeError:
+    except AttributeError as exc:
         from rayline.errors import SpecError
 
-        raise SpecError([f"model.import: module {module_name!r} has no attribute {attr!r}"]) from None
+        raise SpecError([f"model.import: module {module_name!r} has no attribute {attr!r}"]) from exc
 
 
 def build_from_arch(arch: dict, builtin: Callable[..., Any]):
