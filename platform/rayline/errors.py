@@ -12,6 +12,7 @@ __all__ = [
     "ServeError",
     "PredictionError",
     "ClusterError",
+    "InterruptedRun",
 ]
 
 
@@ -63,3 +64,9 @@ class PredictionError(ServeError):
 
 class ClusterError(RaylineError):
     """No Ray cluster could be started or reached."""
+
+
+class InterruptedRun(RaylineError):
+    """The user stopped a run (Ctrl-C): nothing half-done was registered or deployed; exit 130 like a shell."""
+
+    exit_code = 130
