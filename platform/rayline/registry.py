@@ -122,9 +122,9 @@ class Registry:
             raise RegistryError(f"MLflow ({self.tracking_uri}): cannot register model {name!r}: {exc.message}") from None
         return ModelVersion(name=name, version=str(mv.version), run_id=run_id, source=source, metrics=metrics)
 
-    def fail_run(self, run_id: str) -> None:
+    def fail_run(self, run_id: str, status: str = "FAILED") -> None:
         try:
-            self.client.set_terminated(run_id, status="FAILED")
+            self.client.set_terminated(run_id, status=status)  # FAILED, or KILLED for a run the user stopped
         except Exception:
             pass  # best effort on the way out of a failure
 
