@@ -35,15 +35,25 @@ class ResourcePlan:
         return res
 
 
-def plan_resources(train, available: dict, wanted_concurrency: int = 1) -> ResourcePlan:
-    """Plan for `train` (a TrainSpec) given Ray's available resources."""
+def plan_resources(train, available: dict, wanted_concurrency: int = 1, *, max_workers: int | None = None) -> ResourcePlan:
+    """Plan for `train` (a TrainSpec) given Ray's available resources.
+
+    `max_workers`: the most workers any trial of a sweep can draw (`tune.space` sets
+    train.workers). The plan is sized for it, so that every draw fits: a smaller draw asks
+    for fewer workers of the same size. Without this, `train.workers: {choice: [2, 64]}` on
+    2 CPUs planned for 2 workers and the 64-worker trial waited forever to be placed.
+    """
     workers = train.workers
+    field = "train.workers"
+    if max_workers is not None and max_workers > workers:
+        workers = int(max_workers)
+        field = "tune.space.train.workers"  # the largest draw decides; name where it comes from
     cpus = float(available.get("CPU", 0.0))
     gpus = float(available.get("GPU", 0.0))
     if train.use_gpu and gpus < workers:
         raise ResourceError(
             f"train.use_gpu: {workers} workers need {workers} GPUs; the cluster has {gpus:g} available "
-            "(allowed: lower train.workers, set use_gpu: false, or add GPU nodes)"
+            f"(allowed: lower {field}, set use_gpu: false, or add GPU nodes)"
         )
     if train.use_tpu and available.get("TPU", 0) < workers:
         raise ResourceError(
@@ -58,7 +68,7 @@ def plan_resources(train, available: dict, wanted_concurrency: int = 1) -> Resou
         if need > cpus + 1e-9:
             raise ResourceError(
                 f"train.cpus_per_worker: {workers} workers x {per_worker:g} CPUs need {need:g} CPUs; "
-                f"the cluster has {cpus:g} available (allowed: lower train.workers or train.cpus_per_worker)"
+                f"the cluster has {cpus:g} available (allowed: lower {field} or train.cpus_per_worker)"
             )
         concurrency = max(1, min(concurrency, int(math.floor(cpus / need + 1e-9))))
     else:
@@ -69,7 +79,7 @@ def plan_resources(train, available: dict, wanted_concurrency: int = 1) -> Resou
             per_worker = min(1.0, cpus / (workers * concurrency))
         if per_worker < _MIN_CPUS_PER_WORKER:
             raise ResourceError(
-                f"train.workers: {workers} workers need at least {workers * _MIN_CPUS_PER_WORKER:g} CPUs; "
+                f"{field}: {workers} workers need at least {workers * _MIN_CPUS_PER_WORKER:g} CPUs; "
                 f"the cluster has {cpus:g} available (allowed: fewer workers, or free CPUs, e.g. by deleting Serve apps)"
             )
         per_worker = math.floor(per_worker * 100) / 100

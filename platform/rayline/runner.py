@@ -7,7 +7,10 @@ can draw it and tests can record it.
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -16,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from rayline.errors import InterruptedRun, RaylineError, SpecError
 from rayline.spec import PipelineSpec
 from rayline.workspace import Workspace
 
-__all__ = ["RunSummary", "run_pipeline", "STAGES"]
+__all__ = ["RunSummary", "run_pipeline", "STAGES", "RECORD_FILE"]
 
 STAGES = ("data", "train", "register", "deploy")
 _BOOKKEEPING = ("epoch", "resumed")  # in each history row, but not model metrics
@@ -54,6 +58,77 @@ def search_paths(spec_path: str | None) -> list[str]:
     return paths
 
 
+# Each run's record, in its experiment folder under the workspace's runs dir: which spec
+# and data it trained, its MLflow run and how it ended. `--resume` looks for the newest
+# interrupted one of a spec and checks that nothing that shapes training changed since.
+RECORD_FILE = "rayline-run.json"
+
+
+def _training_spec(spec: PipelineSpec) -> dict:
+    """The spec as it shapes training, flat (`serve` changes nothing a resumed run already did)."""
+    flat: dict[str, str] = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict) and value:
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        else:
+            flat[prefix] = json.dumps(value, sort_keys=True)
+
+    walk("", spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"serve"}))
+    return flat
+
+
+def _write_record(folder: str, record: dict) -> None:
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, RECORD_FILE + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(record, fh, indent=1)
+    os.replace(tmp, os.path.join(folder, RECORD_FILE))  # never a half-written record
+
+
+def _interrupted_run(ws: Workspace, spec: PipelineSpec) -> dict:
+    """The newest interrupted run of `spec` in the workspace, if resuming it is right."""
+    records = []
+    for path in glob.glob(os.path.join(str(ws.runs_dir), "*", RECORD_FILE)):
+        try:
+            with open(path) as fh:
+                record = json.load(fh)
+        except (OSError, ValueError):
+            continue  # not ours, or from another version of rayline
+        if record.get("spec_name") == spec.name and record.get("status") == "interrupted":
+            records.append(record)
+    if not records:
+        raise RaylineError(f"--resume: no interrupted run of {spec.name!r} in {ws.runs_dir} "
+                           "(allowed: run without --resume to start a new one)")
+    record = max(records, key=lambda r: r.get("created", 0))
+    before, now = record.get("spec", {}), _training_spec(spec)
+    changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    if changed:
+        shown = ", ".join(f"{k} (was {before.get(k, 'unset')}, now {now.get(k, 'unset')})" for k in changed[:5])
+        raise SpecError([f"--resume: the spec changed since the interrupted run {record['experiment']}: {shown}"
+                         f"{' and more' if len(changed) > 5 else ''} (allowed: the same spec and --set options, "
+                         "or run without --resume to start over)"])
+    return record
+
+
+def _end_run(registry, run_id: str, status: str) -> None:
+    registry.fail_run(run_id, status)
+
+
+def _delete_app(name: str) -> bool:
+    """Remove a Serve app whose deploy was cut off; True when there was one."""
+    try:
+        from ray import serve
+
+        if name in serve.status().applications:
+            serve.delete(name)
+            return True
+    except Exception:  # noqa: BLE001 - best effort on the way out of an interruption
+        pass
+    return False
+
+
 def run_pipeline(
     spec: PipelineSpec,
     ws: Workspace,
@@ -63,8 +138,17 @@ def run_pipeline(
     host: str = "127.0.0.1",
     port: int = 8000,
     on_stage: Callable[[str, str, str], None] = _noop,
+    resume: bool = False,
+    resume_command: str | None = None,
 ) -> RunSummary:
-    """Run every stage the spec names on the connected Ray cluster."""
+    """Run every stage the spec names on the connected Ray cluster.
+
+    Ctrl-C raises InterruptedRun (exit 130): while training, nothing is registered, the
+    MLflow run is marked KILLED and the message says how to resume (`resume=True`
+    continues the newest interrupted run of this spec: finished trials keep their results,
+    the others continue from their checkpoints); while deploying, the version stays
+    registered and the cut-off Serve app is deleted.
+    """
     import ray
 
     from rayline.data import prepare_data
@@ -72,17 +156,27 @@ def run_pipeline(
     from rayline.registry import Registry
     from rayline.resources import plan_resources
     from rayline.train.catalog import load_backend
-    from rayline.tune import TRIAL_DRIVER_CPUS, TrialOutcome, tune_pipeline
+    from rayline.tune import TRIAL_DRIVER_CPUS, TrialOutcome, max_workers, tune_pipeline
     from rayline.train.run import train
 
     ws.ensure()
     seconds: dict[str, float] = {}
-    experiment = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    previous = _interrupted_run(ws, spec) if resume else None
+    experiment = previous["experiment"] if previous else f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     paths = search_paths(spec_path)
+    resume_command = resume_command or shlex.join(
+        ["rayline", "run", spec_path or f"<{spec.name} spec>", "--workspace", str(ws.root), "--resume"])
 
     on_stage("data", "start", f"{spec.data.source.format} {spec.data.source.name or spec.data.source.path}")
     t0 = time.monotonic()
-    data = prepare_data(spec)
+    try:
+        data = prepare_data(spec)
+    except KeyboardInterrupt as exc:
+        raise InterruptedRun("interrupted while preparing data: nothing was trained or registered") from exc
+    if previous and previous.get("fingerprint") != data.fingerprint:
+        raise SpecError([f"--resume: the data changed since the interrupted run {experiment} (fingerprint "
+                         f"{previous.get('fingerprint')} then, {data.fingerprint} now) (allowed: the same data, "
+                         "or run without --resume to start over)"])
     seconds["data"] = time.monotonic() - t0
     on_stage("data", "done", f"{data.rows['train']}/{data.rows['valid']}/{data.rows['test']} rows, "
              f"{len(data.preprocessing.output_columns)} features, {data.task}")
@@ -91,22 +185,36 @@ def run_pipeline(
     concurrency = spec.tune.max_concurrent if spec.tune else 1
     if spec.tune:
         available["CPU"] = available.get("CPU", 0) - TRIAL_DRIVER_CPUS * concurrency
-    plan = plan_resources(spec.train, available, concurrency)
+    # Sized for the largest train.workers a trial can draw: every draw then fits, and one
+    # that never could fails here, before anything starts, naming the resource.
+    plan = plan_resources(spec.train, available, concurrency, max_workers=max_workers(spec))
     metric = spec.resolved_metric(data.task)
 
     registry = Registry(ws)
     run_id = registry.start_pipeline_run(spec, spec_path)
+    if previous:
+        try:
+            registry.client.set_tag(run_id, "rayline.resumed_from", previous.get("run_id", ""))
+        except Exception:  # noqa: BLE001 - a missing tag must not stop the run
+            pass
+    folder = os.path.join(str(ws.runs_dir), experiment)
+    record = {"experiment": experiment, "spec_name": spec.name, "spec_path": spec_path or "", "spec": _training_spec(spec),
+              "fingerprint": data.fingerprint, "run_id": run_id, "created": (previous or {}).get("created", time.time()),
+              "status": "running", "resumed_runs": (previous or {}).get("resumed_runs", []) + ([previous["run_id"]] if previous else [])}
+    _write_record(folder, record)
     try:
         t0 = time.monotonic()
         if spec.tune:
-            on_stage("train", "start", f"tuning: {spec.tune.num_samples} trials, {plan.concurrent_trials} at once, "
-                     f"{spec.train.workers} workers x {plan.cpus_per_worker:g} CPU")
-            outcome = tune_pipeline(spec, data, storage_path=ws.runs_dir, experiment=experiment, plan=plan, search_paths=paths)
+            on_stage("train", "start", f"{'resuming ' if previous else ''}tuning: {spec.tune.num_samples} trials, "
+                     f"{plan.concurrent_trials} at once, {spec.train.workers} workers x {plan.cpus_per_worker:g} CPU")
+            outcome = tune_pipeline(spec, data, storage_path=ws.runs_dir, experiment=experiment, plan=plan, search_paths=paths,
+                                    resume=bool(previous))
             winner, trials = outcome.winner, outcome.trials
         else:
-            on_stage("train", "start", f"{spec.train.workers} workers x {plan.cpus_per_worker:g} CPU, {spec.train.epochs} epochs")
-            winner = train(spec, data, storage_path=os.path.join(ws.runs_dir, experiment), run_name="train", plan=plan,
-                           search_paths=paths)
+            on_stage("train", "start", f"{'resuming: ' if previous else ''}{spec.train.workers} workers x "
+                     f"{plan.cpus_per_worker:g} CPU, {spec.train.epochs} epochs")
+            # Same storage path and name as the interrupted run: Ray Train restores its latest checkpoint.
+            winner = train(spec, data, storage_path=folder, run_name="train", plan=plan, search_paths=paths)
             trials = [TrialOutcome(trial_id="train", overrides={}, status="terminated", result=winner)]
         seconds["train"] = time.monotonic() - t0
         on_stage("train", "done", f"best {metric}={winner.metrics[metric]:.4f} (epoch {winner.metrics['epoch']:g})")
@@ -145,9 +253,20 @@ def run_pipeline(
             shutil.rmtree(staging, ignore_errors=True)
         seconds["register"] = time.monotonic() - t0
         on_stage("register", "done", f"model {spec.name} version {mv.version}")
+    except (InterruptedRun, KeyboardInterrupt) as exc:
+        _end_run(registry, run_id, "KILLED")
+        stage = "training" if "train" not in seconds else "registering"
+        # A sweep or a training run resumes from its saved state; registration redoes no
+        # training, but its state is the finished sweep, so resuming finishes it too.
+        _write_record(folder, {**record, "status": "interrupted"})
+        detail = f" ({exc})" if isinstance(exc, InterruptedRun) and str(exc) else ""
+        raise InterruptedRun(f"interrupted while {stage}{detail}: nothing registered; MLflow run {run_id} marked KILLED; "
+                             f"resume with: {resume_command}") from exc
     except BaseException:
-        registry.fail_run(run_id)
+        _end_run(registry, run_id, "FAILED")
+        _write_record(folder, {**record, "status": "failed"})
         raise
+    _write_record(folder, {**record, "status": "registered", "version": mv.version})
 
     endpoint = None
     if deploy and spec.serve is not None:
@@ -155,7 +274,15 @@ def run_pipeline(
 
         on_stage("deploy", "start", f"{spec.route} on {host}:{port}")
         t0 = time.monotonic()
-        endpoint = deploy_app(spec, mv.version, ws, host, port)
+        try:
+            endpoint = deploy_app(spec, mv.version, ws, host, port)
+        except KeyboardInterrupt as exc:
+            deleted = _delete_app(spec.name)
+            raise InterruptedRun(
+                f"interrupted while deploying: model {spec.name} version {mv.version} stays registered "
+                f"(MLflow run {run_id}); "
+                + (f"the half-deployed Serve app {spec.name!r} was deleted" if deleted else "no Serve app was started")
+            ) from exc
         seconds["deploy"] = time.monotonic() - t0
         on_stage("deploy", "done", endpoint)
 

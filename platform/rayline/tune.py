@@ -9,18 +9,31 @@ directory (`train.run.locate_best`), which also works for trials ASHA stopped ea
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayline.errors import TrainingError
+from rayline.errors import InterruptedRun, RaylineError, TrainingError
 from rayline.resources import ResourcePlan
 from rayline.spec import PipelineSpec, apply_overrides, metric_mode
 from rayline.train.run import TrainResult, locate_best, train
 
-__all__ = ["TrialOutcome", "TuneResult", "search_space", "tune_pipeline", "TRIAL_DRIVER_CPUS"]
+__all__ = [
+    "TrialOutcome",
+    "TuneResult",
+    "search_space",
+    "tune_pipeline",
+    "TRIAL_DRIVER_CPUS",
+    "TIME_ATTR",
+    "largest_draw",
+    "max_workers",
+    "total_units",
+    "asha_settings",
+    "tune_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +77,72 @@ def search_space(spec: PipelineSpec) -> dict[str, Any]:
     return space
 
 
+def largest_draw(dist: dict):
+    """The largest value a `tune.space` distribution can draw (None when its values are not numbers).
+
+    choice/grid: the largest listed value; randint: its high bound (inclusive in rayline);
+    uniform/loguniform: the high bound.
+    """
+    (kind, args), = dist.items()
+    values = list(args)
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return None
+    return values[1] if kind in ("randint", "uniform", "loguniform") else max(values)
+
+
+def max_workers(spec: PipelineSpec) -> int:
+    """The most Train workers any trial can ask for: the plan must fit the largest draw."""
+    workers = spec.train.workers
+    dist = spec.tune.space.get("train.workers") if spec.tune else None
+    top = largest_draw(dist) if dist else None
+    return max(workers, int(math.ceil(top))) if top is not None else workers
+
+
+# ASHA's clock: how much a trial has trained, in the unit its framework trains in (epochs;
+# boosting rounds for xgboost). Tune's default clock, `training_iteration`, counts reports:
+# with xgboost reporting every `checkpoint_every` rounds, `max_t: epochs` stopped a
+# 500-round booster that reports every 5 rounds at round 50. Added to every report
+# by `_UnitsReportCallback` (the report's "epoch" is the 0-based index of the last unit).
+TIME_ATTR = "units_trained"
+
+
+def total_units(spec: PipelineSpec) -> int:
+    """Epochs (or rounds) a trial of `spec` trains at most, over every draw of the space.
+
+    The backend says what its unit is (`total_units(model_params, epochs)`, e.g. xgboost's
+    num_boost_round); a backend without one trains `train.epochs` epochs.
+    """
+    from rayline.train.catalog import load_backend
+
+    top = {path: largest_draw(dist) for path, dist in (spec.tune.space.items() if spec.tune else ())}
+    top = {path: v for path, v in top.items() if v is not None and (path == "train.epochs" or path.startswith("model.params."))}
+    try:
+        largest = apply_overrides(spec, {p: (int(math.ceil(v)) if isinstance(v, float) and p == "train.epochs" else v)
+                                         for p, v in top.items()})
+    except RaylineError:
+        largest = spec  # a value the spec rejects never reaches a trial either
+    backend = load_backend(spec.model.framework)
+    units = getattr(backend, "total_units", None)
+    count = units(dict(largest.model.params or {}), largest.train.epochs) if units else largest.train.epochs
+    return max(1, int(count))
+
+
+def asha_settings(spec: PipelineSpec) -> dict:
+    """ASHAScheduler arguments: its clock in training units, max_t the most units a trial trains.
+
+    grace_period: a sixteenth of the run (at least one unit), so rungs sit at 1/16, 1/8,
+    1/4, 1/2 of training with reduction factor 2; one boosting round or the first of 40
+    epochs says little about a configuration.
+    """
+    max_t = total_units(spec)
+    return {"time_attr": TIME_ATTR, "max_t": max_t, "grace_period": max(1, max_t // 16), "reduction_factor": 2}
+
+
+def tune_dir(storage_path: str, experiment: str) -> str:
+    """Where Tune keeps the sweep's state (what `Tuner.restore` reads)."""
+    return os.path.join(storage_path, f"{experiment}-tune")
+
+
 def _num_samples(spec: PipelineSpec) -> int:
     # A grid is complete in one pass; repeat it only when the user asked for repeats.
     if spec.tune.search == "grid" and "num_samples" not in spec.tune.model_fields_set:
@@ -86,8 +165,18 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
 
     from rayline.spec import parse_spec
 
+    class _UnitsReportCallback(TuneReportCallback):
+        """Tune's report callback, with ASHA's clock (`TIME_ATTR`) added to each report."""
+
+        def after_report(self, run_context, metrics, checkpoint):
+            if metrics and "epoch" in metrics[0]:
+                metrics = [{**metrics[0], TIME_ATTR: int(metrics[0]["epoch"]) + 1}, *metrics[1:]]
+            super().after_report(run_context, metrics, checkpoint)
+
     trial_id = tune.get_context().get_trial_id()
     spec = apply_overrides(parse_spec(spec_raw), {k: _plain(v) for k, v in config.items()})
+    # The Train run's name is the trial's id: a trial resumed after an interruption
+    # (`Tuner.restore`) runs under the same id, so Train restores its latest checkpoint.
     train(
         spec,
         data,
@@ -95,7 +184,7 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
         run_name=f"trial-{trial_id}",
         plan=plan,
         search_paths=search_paths,
-        callbacks=[TuneReportCallback()],
+        callbacks=[_UnitsReportCallback()],
     )
 
 
@@ -107,8 +196,14 @@ def tune_pipeline(
     experiment: str,
     plan: ResourcePlan,
     search_paths: list[str] = (),
+    resume: bool = False,
 ) -> TuneResult:
-    """Run the sweep; return every trial's outcome and the winner by the spec's metric."""
+    """Run the sweep; return every trial's outcome and the winner by the spec's metric.
+
+    `resume`: continue the interrupted sweep saved under `tune_dir(storage_path, experiment)`
+    (finished trials keep their results; unfinished and errored ones continue from their
+    latest Train checkpoint). Raises InterruptedRun when Ctrl-C stopped the sweep.
+    """
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
@@ -125,26 +220,37 @@ def tune_pipeline(
         search_paths=list(search_paths),
     )
     trainable = tune.with_resources(trainable, {"CPU": TRIAL_DRIVER_CPUS})
-    scheduler = (
-        ASHAScheduler(time_attr="training_iteration", max_t=max(1, spec.train.epochs), grace_period=1, reduction_factor=2)
-        if spec.tune.scheduler == "asha"
-        else FIFOScheduler()
-    )
-    tuner = tune.Tuner(
-        trainable,
-        param_space=search_space(spec),
-        tune_config=tune.TuneConfig(
-            metric=metric,
-            mode=mode,
-            num_samples=_num_samples(spec),
-            scheduler=scheduler,
-            # The limit goes to the generator itself: Tune ignores `max_concurrent_trials`
-            # (with only a warning) when the search algorithm is a BasicVariantGenerator.
-            search_alg=BasicVariantGenerator(max_concurrent=plan.concurrent_trials, random_state=spec.data.split.seed),
-        ),
-        run_config=tune.RunConfig(name=f"{experiment}-tune", storage_path=storage_path, verbose=0),
-    )
-    grid = _fit_keeping_sigint(tuner)
+    path = tune_dir(storage_path, experiment)
+    if resume:
+        if not tune.Tuner.can_restore(path):
+            raise RaylineError(f"--resume: no saved sweep state in {path} (allowed: run without --resume to start over)")
+        # Tune restores its own scheduler, searcher and trial list from the saved state;
+        # the trainable (fresh datasets and plan) and the unchanged space are ours to give.
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True,
+                                   param_space=search_space(spec))
+    else:
+        scheduler = ASHAScheduler(**asha_settings(spec)) if spec.tune.scheduler == "asha" else FIFOScheduler()
+        tuner = tune.Tuner(
+            trainable,
+            param_space=search_space(spec),
+            tune_config=tune.TuneConfig(
+                metric=metric,
+                mode=mode,
+                num_samples=_num_samples(spec),
+                scheduler=scheduler,
+                # The limit goes to the generator itself: Tune ignores `max_concurrent_trials`
+                # (with only a warning) when the search algorithm is a BasicVariantGenerator.
+                search_alg=BasicVariantGenerator(max_concurrent=plan.concurrent_trials, random_state=spec.data.split.seed),
+            ),
+            run_config=tune.RunConfig(name=os.path.basename(path), storage_path=storage_path, verbose=0),
+        )
+    grid, interrupted = _fit_watching_sigint(tuner)
+    unfinished = len(grid) - grid.num_terminated - grid.num_errors
+    if interrupted or unfinished:
+        # Tune's SIGINT handler ends fit() normally, with the cut-off trials' results looking
+        # final: their best so far is no winner. Tune saved the sweep's state on the way out.
+        raise InterruptedRun(f"tuning interrupted: {grid.num_terminated} of {len(grid)} trials finished, "
+                             f"{unfinished} cut off; the sweep's state is saved in {path}")
 
     trials: list[TrialOutcome] = []
     for result in grid:
@@ -182,17 +288,39 @@ def _trial_id(result) -> str | None:
     return None
 
 
-def _fit_keeping_sigint(tuner):
-    """`tuner.fit()`, then give SIGINT back to whoever had it.
+def _fit_watching_sigint(tuner):
+    """`tuner.fit()` -> (ResultGrid, whether Ctrl-C interrupted it); SIGINT handlers restored after.
 
-    Tune installs its own SIGINT handler ("Stop signal received, ending Ray Tune run") and
-    leaves it there, so Ctrl-C on `rayline run`, serving after the sweep, would be swallowed.
+    Tune installs its own SIGINT (and SIGUSR1) handler inside fit ("Stop signal received,
+    ending Ray Tune run"): the first signal stops the trials, saves the sweep's state and
+    puts back the handler that was there before fit, then fit returns normally. Nothing
+    public says it was interrupted, so we install a handler of ours first: Tune hands the
+    signal back to it only after its own handler ran, which is how we know. A second Ctrl-C
+    while Tune is stopping reaches ours, which stops at once (KeyboardInterrupt). Tune also
+    leaves its handler in place after a normal end; without the restore, Ctrl-C on
+    `rayline run` serving after the sweep would be swallowed.
     """
     if threading.current_thread() is not threading.main_thread():
-        return tuner.fit()  # Tune cannot install signal handlers off the main thread either
-    previous = signal.getsignal(signal.SIGINT)
+        return tuner.fit(), False  # no signal handlers off the main thread (Tune's neither)
+    signals = [signal.SIGINT] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    received = threading.Event()
+
+    def ours(signum, frame):
+        received.set()
+        raise KeyboardInterrupt
+
+    for sig in signals:
+        signal.signal(sig, ours)
+    tune_handles = not int(os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") or 0)
     try:
-        return tuner.fit()
+        grid = tuner.fit()
+        handed_back = signal.getsignal(signal.SIGINT) is ours or (
+            hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) is ours)
+    except KeyboardInterrupt as exc:
+        raise InterruptedRun("tuning interrupted (stopped at once by a second Ctrl-C)") from exc
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return grid, received.is_set() or (tune_handles and handed_back)
 

@@ -35,3 +35,21 @@ def test_explicit_cpus_that_cannot_fit_fail_fast():
 def test_too_many_workers_for_the_cluster_fail_fast():
     with pytest.raises(ResourceError, match=r"train.workers: 64 workers need at least 6.4 CPUs"):
         plan_resources(TrainSpec(workers=64), {"CPU": 2.0})
+
+
+def test_sweep_is_planned_for_its_largest_worker_draw():
+    # train.workers: {choice: [2, 64]} on 2 CPUs: the 64-worker trial could never be placed.
+    with pytest.raises(ResourceError, match=r"^tune.space.train.workers: 64 workers need at least 6.4 CPUs; "
+                                            r"the cluster has 2 available"):
+        plan_resources(TrainSpec(workers=2), {"CPU": 2.0}, wanted_concurrency=2, max_workers=64)
+
+
+def test_every_smaller_draw_fits_the_plan_for_the_largest():
+    plan = plan_resources(TrainSpec(workers=1), {"CPU": 2.0}, wanted_concurrency=2, max_workers=4)
+    for workers in (1, 2, 3, 4):
+        assert plan.concurrent_trials * workers * plan.cpus_per_worker <= 2.0 + 1e-9
+    assert plan == plan_resources(TrainSpec(workers=4), {"CPU": 2.0}, wanted_concurrency=2)
+
+
+def test_draws_below_train_workers_keep_the_spec_plan():
+    assert plan_resources(TrainSpec(workers=2), {"CPU": 2.0}, max_workers=1) == plan_resources(TrainSpec(workers=2), {"CPU": 2.0})

@@ -5,19 +5,30 @@ from __future__ import annotations
 import glob
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 
-from rayline.errors import TrainingError
+from rayline.errors import InterruptedRun, TrainingError
 from rayline.resources import ResourcePlan
 from rayline.spec import PipelineSpec, metric_mode
 from rayline.train.catalog import load_backend
 from rayline.train.loop import read_state
 
-__all__ = ["TrainResult", "train", "loop_config", "locate_best", "checkpoint_keep"]
+__all__ = ["TrainResult", "train", "loop_config", "locate_best", "checkpoint_keep", "START_RETRIES", "START_TIMEOUT_ENV"]
 
 # Keep the best checkpoint by the metric plus the latest (Ray Train never deletes the
 # latest: resume needs it). Older, worse checkpoints are removed as training goes.
 checkpoint_keep = 2
+
+# Placing the worker group is bounded: Ray Train V2 gives up waiting for the workers'
+# placement group after RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (default 60 s) and, by
+# default, retries that without limit (FailureConfig.controller_failure_limit=-1): a trial
+# that cannot be placed waited forever. One retry covers resources still being released
+# (an earlier trial's placement group, a Serve replica shutting down); then the run fails,
+# naming what it waited for, after at most (START_RETRIES + 1) x the timeout.
+START_RETRIES = 1
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+_DEFAULT_START_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -72,7 +83,7 @@ def train(
     run_config = ray.train.RunConfig(
         name=run_name,
         storage_path=storage_path,
-        failure_config=ray.train.FailureConfig(max_failures=spec.train.max_failures),
+        failure_config=ray.train.FailureConfig(max_failures=spec.train.max_failures, controller_failure_limit=START_RETRIES),
         checkpoint_config=ray.train.CheckpointConfig(
             num_to_keep=checkpoint_keep, checkpoint_score_attribute=metric, checkpoint_score_order=mode
         ),
@@ -92,10 +103,69 @@ def train(
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
     )
     try:
-        trainer.fit()
+        _fit_interruptible(trainer, os.path.join(storage_path, run_name))
+    except ray.train.ControllerError as exc:
+        if _is_start_timeout(exc):
+            raise TrainingError(_placement_message(spec.train.workers, plan)) from exc
+        raise TrainingError(f"training failed: {_root(exc)}") from exc
     except ray.train.TrainingFailedError as exc:
-        raise TrainingError(f"training failed after {spec.train.max_failures} retries (train.max_failures): {_root(exc)}") from None
+        raise TrainingError(f"training failed after {spec.train.max_failures} retries (train.max_failures): {_root(exc)}") from exc
     return locate_best(os.path.join(storage_path, run_name), metric, mode)
+
+
+def _fit_interruptible(trainer, run_dir: str):
+    """`trainer.fit()`, raising InterruptedRun on Ctrl-C instead of returning as if it finished.
+
+    On the main thread Ray Train installs a SIGINT handler that aborts the run and then
+    exits the process with status 0 (`sys.exit(0)` in its handler), or lets fit return;
+    either way `rayline run` went on or "succeeded". Train skips that handler off the main
+    thread (as inside a Tune trial), so fit runs on a helper thread and Ctrl-C stays a
+    KeyboardInterrupt here. The Train controller is an actor owned by this driver: it and
+    its workers end when the driver shuts Ray down or disconnects (the CLI does, at once).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return trainer.fit()  # inside a Tune trial (Tune handles Ctrl-C) or a caller's thread
+    outcome: dict = {}
+
+    def fit():
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as exc:  # handed to the main thread below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=fit, name="rayline-train-fit", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+    except KeyboardInterrupt as exc:
+        raise InterruptedRun(f"training interrupted; its latest checkpoint is saved in {run_dir}") from exc
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+def _is_start_timeout(exc) -> bool:
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError  # the only place Ray defines it
+
+    return isinstance(getattr(exc, "controller_failure", None), WorkerGroupStartupTimeoutError)
+
+
+def _placement_message(workers: int, plan: ResourcePlan) -> str:
+    import ray
+
+    timeout = float(os.environ.get(START_TIMEOUT_ENV) or _DEFAULT_START_TIMEOUT_S)
+    need = plan.worker_resources()
+    try:
+        available, total = ray.available_resources(), ray.cluster_resources()
+    except Exception:  # noqa: BLE001 - only for the message
+        available, total = {}, {}
+    have = ", ".join(f"{k} {available.get(k, 0):g} of {total.get(k, 0):g}" for k in need)
+    asks = " + ".join(f"{v:g} {k}" for k, v in need.items())
+    return (f"train.workers: the {workers} training workers ({asks} each) could not be placed: waited "
+            f"{START_RETRIES + 1} x {timeout:g} s for {', '.join(f'{v * workers:g} {k}' for k, v in need.items())}; "
+            f"the cluster has {have} available now (allowed: fewer workers or concurrent trials, free resources "
+            f"held by other jobs or Serve apps, or raise {START_TIMEOUT_ENV} for a cluster that is still scaling up)")
 
 
 def locate_best(run_dir: str, metric: str, mode: str) -> TrainResult:

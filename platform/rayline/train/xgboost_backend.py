@@ -64,11 +64,16 @@ def _outputs(raw: np.ndarray, task: str, num_outputs: int) -> np.ndarray:
 
 
 
+def _total_rounds(model_params: dict, epochs: int) -> int:
+    return max(1, int(model_params.get("num_boost_round") or epochs))
+
+
 def _settings(config: dict) -> tuple[dict, int, int, int]:
     """(xgboost params, num_boost_round, early_stopping_rounds, checkpoint_every) from the loop config."""
     arch = config["arch"]
     params = dict(arch["model"].get("params", {}))
-    rounds = int(params.pop("num_boost_round", None) or config["epochs"])
+    rounds = _total_rounds(params, config["epochs"])
+    params.pop("num_boost_round", None)
     early = params.pop("early_stopping_rounds", _DEFAULT_EARLY_STOPPING)
     early = int(early) if early else 0
     every = params.pop("checkpoint_every", None)
@@ -82,6 +87,10 @@ def _settings(config: dict) -> tuple[dict, int, int, int]:
 
 class XGBoostBackend(Backend):
     name = "xgboost"
+
+    def total_units(self, model_params: dict, epochs: int) -> int:
+        """Boosting rounds a run trains at most: its unit of training (ASHA's clock; `tune.asha_settings`)."""
+        return _total_rounds(model_params, epochs)
 
     def train_loop(self, config: dict) -> None:
         import ray.train
