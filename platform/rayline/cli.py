@@ -87,8 +87,12 @@ def run(
                                           "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy)."),
     set_: List[str] = typer.Option([], "--set", metavar="PATH=VALUE",
                                    help="Override a spec key, e.g. --set train.epochs=2 --set tune.num_samples=2 (VALUE is YAML)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue this spec's newest interrupted run in the workspace "
+                                "(same spec and --set options): finished trials are kept, the rest continue."),
 ) -> None:
     """Run every stage the spec names: data, train or tune, register, deploy."""
+    import shlex
+
     from rayline.spec import load_spec, parse_set_options
 
     spec = load_spec(spec_path, overrides=parse_set_options(set_))
@@ -98,7 +102,10 @@ def run(
     with console.status("connecting to Ray..."):
         conn = connect(ws, address, verbose=verbose, ingress=ingress)
     try:
-        summary = _run_with_progress(spec, ws, str(spec_path), not no_serve, host, port)
+        # Ctrl-C's message repeats this very command (same spec, workspace and --set options) with --resume.
+        again = ["rayline", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"])
+        summary = _run_with_progress(spec, ws, str(spec_path), not no_serve, host, port,
+                                     resume=resume, resume_command=shlex.join(again))
         _print_summary(summary, spec)
         if summary.endpoint and conn.embedded and not exit_after_deploy:
             console.print(styled("\nServing ", (summary.endpoint, "bold"), " from an embedded Ray. Press Ctrl-C to stop."))
@@ -113,7 +120,7 @@ def run(
         conn.shutdown()
 
 
-def _run_with_progress(spec, ws, spec_path, deploy, host, port):
+def _run_with_progress(spec, ws, spec_path, deploy, host, port, **options):
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from rayline.runner import run_pipeline
@@ -135,7 +142,7 @@ def _run_with_progress(spec, ws, spec_path, deploy, host, port):
                 progress.update(task, completed=1, description=f"✓ {stage} {detail}")
                 progress.stop_task(task)
 
-        return run_pipeline(spec, ws, spec_path=spec_path, deploy=deploy, host=host, port=port, on_stage=on_stage)
+        return run_pipeline(spec, ws, spec_path=spec_path, deploy=deploy, host=host, port=port, on_stage=on_stage, **options)
 
 
 def _print_summary(summary, spec) -> None:
