@@ -196,7 +196,8 @@ def _example_instance(spec) -> dict:
 def predict(
     target: str = typer.Argument(..., metavar="ROUTE_OR_URL", help="/route on this machine's Serve, or a full URL."),
     json_body: Optional[str] = typer.Option(None, "--json", help='Instances as JSON: \'{"instances": [...]}\' or a list of rows.'),
-    input_file: Optional[Path] = typer.Option(None, "--input", help="Rows from a .csv, .parquet or .jsonl file."),
+    input_file: Optional[Path] = typer.Option(None, "--input", help="Rows from a file in any format training reads: .csv, .parquet/.pq, "
+                                              ".json (an array of rows, or JSON Lines), .jsonl/.ndjson."),
     probabilities: bool = typer.Option(False, "--probabilities", help="Also return class probabilities."),
     output: str = typer.Option("table", "--output", "-o", help="table | json"),
     host: str = typer.Option("127.0.0.1", help="Serve host when ROUTE_OR_URL is a route."),
@@ -204,7 +205,7 @@ def predict(
     timeout: float = typer.Option(60.0, help="Seconds to wait for the endpoint."),
 ) -> None:
     """Send rows to a served model and show its predictions."""
-    from rayline.serve.client import load_instances, post_predict
+    from rayline.serve.client import load_instances, post_predict, prediction_rows
 
     if output not in ("table", "json"):
         raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json)")
@@ -214,16 +215,14 @@ def predict(
     if output == "json":
         print(json.dumps(result, indent=2))
         return
-    table = Table(title=f"{result.get('model')} v{result.get('version')}")
+    rows, with_probabilities = prediction_rows(result)
+    table = Table(title=f"{result.get('model', '?')} v{result.get('version', '?')}")
     table.add_column("#", justify="right")
     table.add_column("prediction")
-    if result.get("probabilities"):
+    if with_probabilities:
         table.add_column("probability", justify="right")
-    for i, pred in enumerate(result["predictions"]):
-        row = [str(i), str(pred)]
-        if result.get("probabilities"):
-            row.append(f"{result['probabilities'][i].get(str(pred), 0):.4f}")
-        table.add_row(*row)
+    for row in rows:
+        table.add_row(*(row if with_probabilities else row[:2]))
     console.print(table)
 
 

@@ -1,32 +1,83 @@
 """Where rows come from: sklearn's bundled datasets, or CSV / Parquet / JSON files and URIs.
 
-`sample_frame` reads a small pandas sample without Ray (for `rayline validate`);
-`read_dataset` reads everything as a Ray Dataset.
+One reader per format, used everywhere rows are read, so `rayline validate`, training and
+`rayline predict --input` parse a file the same way (same types, same missing values):
+
+- csv: Arrow's CSV reader (what `ray.data.read_csv` runs), header row first; an empty cell
+  is a missing value (null) in every column.
+- parquet: Arrow's Parquet reader.
+- json: either a JSON array of row objects (`[{"a": 1}, {"a": 2}]`) or JSON Lines (one object
+  per line; `.jsonl` / `.ndjson` content is accepted under `format: json` too). Which one is
+  decided per file by its first non-blank character: `[` is an array, anything else is lines.
+  Ray 2.60's `read_json` (default `lines=False`) runs Arrow's JSON reader, which reads only
+  JSON Lines, and falls back to `json.load` with a logged warning for arrays; its errors name
+  a row counted from the start of a ~1 MB block. So local files are read by two small
+  datasources below: arrays with `json` (errors name the file, line and column), lines with
+  the same Arrow reader as Ray (on error, the first bad line is found and named).
+
+`sample_frame` / `sample_table` read a bounded sample without Ray (for `rayline validate`):
+at most `SAMPLE_ROWS` rows; Parquet's columns and types come from the footer alone
+(`source_schema`). `read_dataset` reads everything as a Ray Dataset; `read_file` reads one
+local file whole (for `rayline predict --input`).
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
+import io
+import json
 import os
+import re
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 
 from rayline.errors import DataError
-from rayline.spec import SourceSpec
 
-__all__ = ["resolve_paths", "sample_frame", "read_dataset", "fingerprint", "is_uri"]
+__all__ = [
+    "SAMPLE_ROWS",
+    "FORMAT_SUFFIXES",
+    "is_uri",
+    "format_of",
+    "resolve_paths",
+    "source_schema",
+    "sample_table",
+    "sample_frame",
+    "read_file",
+    "read_dataset",
+    "unwrap_data_error",
+    "fingerprint",
+]
 
-_SAMPLE_ROWS = 2000
-_SUFFIXES = {"csv": (".csv", ".csv.gz"), "parquet": (".parquet", ".pq"), "json": (".json", ".jsonl", ".ndjson")}
+SAMPLE_ROWS = 2000
+FORMAT_SUFFIXES = {
+    "csv": (".csv", ".csv.gz"),
+    "parquet": (".parquet", ".pq"),
+    "json": (".json", ".jsonl", ".ndjson"),
+}
+_SUFFIXES = FORMAT_SUFFIXES  # the old private name
+# A JSON-array sample is decoded from a prefix of the file, so validating a 1 GB array costs
+# a few MB: 2000 digits rows are ~1.3 MB of JSON. Doubled while not even one row fits.
+_JSON_PREFIX_BYTES = 4 << 20
 
 
 def is_uri(path: str) -> bool:
     return "://" in path
 
 
-def resolve_paths(source: SourceSpec) -> list[str]:
+def format_of(path: str | Path) -> str:
+    """The format a file's name says (csv, parquet or json); DataError listing the allowed suffixes."""
+    name = str(path).lower()
+    for fmt, suffixes in FORMAT_SUFFIXES.items():
+        if name.endswith(suffixes):
+            return fmt
+    allowed = ", ".join(s for suffixes in FORMAT_SUFFIXES.values() for s in suffixes)
+    raise DataError(f"{path}: unknown file type (got {Path(str(path)).suffix or 'no suffix'!r}; allowed: {allowed})")
+
+
+def resolve_paths(source) -> list[str]:
     """The files a local path names (file, directory or glob); URIs are passed through."""
     path = source.path or ""
     if is_uri(path):
@@ -35,7 +86,8 @@ def resolve_paths(source: SourceSpec) -> list[str]:
         files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
     elif os.path.isdir(path):
         files = sorted(
-            str(p) for p in Path(path).rglob("*") if p.is_file() and p.name.endswith(_SUFFIXES[source.format])
+            str(p) for p in Path(path).rglob("*")
+            if p.is_file() and p.name.lower().endswith(FORMAT_SUFFIXES[source.format])
         )
     elif os.path.isfile(path):
         files = [path]
@@ -44,68 +96,363 @@ def resolve_paths(source: SourceSpec) -> list[str]:
     if not files:
         raise DataError(
             f"data.source.path: matches no {source.format} files (got {path!r}; allowed: files ending in "
-            f"{', '.join(_SUFFIXES[source.format])})"
+            f"{', '.join(FORMAT_SUFFIXES[source.format])})"
         )
     return files
+
+
+# ---------------------------------------------------------------- JSON (array or lines)
+
+
+def _is_json_array(file: str) -> bool:
+    """True when the first non-blank character of `file` is `[` (a UTF-8 BOM is skipped)."""
+    with open(file, "rb") as fh:
+        while True:
+            chunk = fh.read(4096)
+            if not chunk:
+                return False
+            chunk = chunk.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip()
+            if chunk:
+                return chunk[:1] == b"["
+
+
+def _json_error(file: str, where: str, what: str) -> DataError:
+    return DataError(f"{file}: {where}: {what} (allowed: a JSON array of row objects, or one JSON object per line)")
+
+
+def _check_row(file: str, row, where: str) -> dict:
+    if not isinstance(row, dict):
+        raise _json_error(file, where, f"not a JSON object (got {type(row).__name__} {str(row)[:40]!r})")
+    return row
+
+
+def _json_array_rows(file: str, text: str, limit: int | None, complete: bool) -> list[dict]:
+    """Row objects of the JSON array in `text` (the file, or a prefix of it when not `complete`)."""
+    decoder = json.JSONDecoder()
+    ws = " \t\n\r"
+    pos = len(text) - len(text.lstrip(ws + "\ufeff"))
+    if text[pos:pos + 1] != "[":
+        raise _json_error(file, "line 1", "expected '[' to start a JSON array")
+    pos += 1
+    rows: list[dict] = []
+    while limit is None or len(rows) < limit:
+        while pos < len(text) and text[pos] in ws:
+            pos += 1
+        if pos < len(text) and text[pos] == "]" and not rows:
+            break
+        try:
+            row, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            if not complete:  # may be the prefix cutting a row: the full read reports real errors
+                break
+            raise _json_error(file, f"line {exc.lineno} column {exc.colno}", exc.msg) from exc
+        rows.append(_check_row(file, row, f"item {len(rows)}"))
+        pos = end
+        while pos < len(text) and text[pos] in ws:
+            pos += 1
+        if pos < len(text) and text[pos] == ",":
+            pos += 1
+            continue
+        if pos < len(text) and text[pos] == "]":
+            break
+        if pos >= len(text) and not complete:
+            break
+        line = text.count("\n", 0, pos) + 1
+        col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        raise _json_error(file, f"line {line} column {col}", "expected ',' or ']' after an array item")
+    return rows
+
+
+def _read_text(file: str, limit_bytes: int | None = None) -> tuple[str, bool]:
+    """(text, complete): the file (or its first `limit_bytes` bytes) as UTF-8."""
+    with open(file, "rb") as fh:
+        data = fh.read() if limit_bytes is None else fh.read(limit_bytes + 1)
+    complete = limit_bytes is None or len(data) <= limit_bytes
+    if not complete:
+        data = data[:limit_bytes]
+    try:
+        return data.decode("utf-8"), complete
+    except UnicodeDecodeError as exc:
+        if not complete and exc.start >= len(data) - 3:  # the prefix cut a multi-byte character
+            return data[:exc.start].decode("utf-8"), False
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise _json_error(file, f"line {line}", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+
+
+def _json_array_table(file: str, limit: int | None):
+    import pyarrow as pa
+
+    if limit is None:
+        text, _ = _read_text(file)
+        rows = _json_array_rows(file, text, None, True)
+    else:
+        size = _JSON_PREFIX_BYTES
+        while True:
+            text, complete = _read_text(file, size)
+            rows = _json_array_rows(file, text, limit, complete)
+            if rows or complete:
+                break
+            size *= 2
+    return _rows_table(file, rows)
+
+
+def _rows_table(file: str, rows: list[dict]):
+    import pyarrow as pa
+
+    try:
+        return pa.Table.from_pylist(rows)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise _json_error(file, "rows", f"values of one key have incompatible types: {exc}") from exc
+
+
+def _lines_error(file: str, data: bytes, exc: Exception) -> DataError:
+    """The first line of `data` that is not a JSON object, else Arrow's message (its row numbers
+    count from the start of a ~1 MB block, not of the file, so they are dropped)."""
+    for i, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:  # JSONDecodeError, or a UnicodeDecodeError
+            where = f"line {i} column {err.colno}" if isinstance(err, json.JSONDecodeError) else f"line {i}"
+            return _json_error(file, where, getattr(err, "msg", None) or str(err))
+        if not isinstance(row, dict):
+            return _json_error(file, f"line {i}", f"not a JSON object (got {type(row).__name__})")
+    return _json_error(file, "lines", re.sub(r"\s*in row \d+\s*$", "", str(exc).splitlines()[0]))
+
+
+def _json_lines_table(file: str, data: bytes):
+    """JSON Lines bytes -> Arrow table, with Arrow's JSON reader (the reader behind Ray's read_json)."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    if not data.strip():
+        return pa.table({})
+    block = 1 << 20
+    while True:
+        try:
+            return pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(block_size=block))
+        except pa.ArrowInvalid as exc:
+            if "straddl" in str(exc) and block < len(data):  # one row longer than a block
+                block *= 4
+                continue
+            raise _lines_error(file, data, exc) from exc
+
+
+def _json_lines_head(file: str, limit: int | None) -> bytes:
+    """The file's bytes, or only its first `limit` non-blank lines."""
+    with open(file, "rb") as fh:
+        if limit is None:
+            return fh.read()
+        lines, rows = [], 0
+        for line in fh:
+            lines.append(line)
+            rows += bool(line.strip())
+            if rows >= limit:
+                break
+        return b"".join(lines)
+
+
+# ---------------------------------------------------------------- one local file, every format
+
+
+def _csv_convert_options():
+    """An empty CSV cell is a missing value in every column: Arrow makes it null in numeric
+    columns but '' in string ones unless told (pandas makes both NaN), so `impute` sees it
+    and `rayline predict --input` sends null for it."""
+    from pyarrow import csv
+
+    return csv.ConvertOptions(strings_can_be_null=True)
+
+
+
+def _read_local(fmt: str, file: str, limit: int | None):
+    """An Arrow table of `file` (at most `limit` rows), parsed as the Ray readers parse it."""
+    import pyarrow as pa
+
+    try:
+        if fmt == "csv":
+            from pyarrow import csv
+
+            if limit is None:
+                return csv.read_csv(file, convert_options=_csv_convert_options())
+            # streaming: reads blocks of ~1 MB, stops at `limit` rows
+            reader = csv.open_csv(file, convert_options=_csv_convert_options())
+            batches, rows = [], 0
+            for batch in reader:
+                batches.append(batch)
+                rows += batch.num_rows
+                if rows >= limit:
+                    break
+            return pa.Table.from_batches(batches, schema=reader.schema).slice(0, limit)
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            if limit is None:
+                return pq.read_table(file)
+            with pq.ParquetFile(file) as pf:
+                batch = next(pf.iter_batches(batch_size=limit), None)
+                return pa.Table.from_batches([batch]) if batch is not None else pf.schema_arrow.empty_table()
+        if fmt == "json":
+            if _is_json_array(file):
+                return _json_array_table(file, limit)
+            return _json_lines_table(file, _json_lines_head(file, limit))
+    except DataError:
+        raise
+    except (OSError, pa.ArrowException, ValueError) as exc:  # Arrow's messages name the row/column
+        raise DataError(f"{file}: cannot read as {fmt} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from exc
+    raise DataError(f"{file}: unknown format (got {fmt!r}; allowed: {', '.join(FORMAT_SUFFIXES)})")
+
+
+def read_file(path: str | Path, fmt: str | None = None):
+    """Every row of one local file as an Arrow table; the format from its suffix unless given."""
+    path = str(path)
+    fmt = fmt or format_of(path)
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file")
+    return _read_local(fmt, path, None)
 
 
 def _sklearn_frame(name: str) -> pd.DataFrame:
     import sklearn.datasets as skd
 
     loader = getattr(skd, f"load_{name}")
-    frame = loader(as_frame=True).frame
     # sklearn's digits names are 'pixel_0_0'..; keep them; targets stay numeric.
-    return frame
+    return loader(as_frame=True).frame
 
 
-def _read_pandas(fmt: str, file: str, nrows: int | None) -> pd.DataFrame:
-    try:
-        if fmt == "csv":
-            return pd.read_csv(file, nrows=nrows)
-        if fmt == "parquet":
-            frame = pd.read_parquet(file)
-            return frame.head(nrows) if nrows else frame
-        return pd.read_json(file, lines=not file.endswith(".json") or _looks_like_lines(file), nrows=nrows)
-    except Exception as exc:  # pandas raises many types; name the file and the reason
-        raise DataError(f"data.source.path: cannot read {fmt} file {file!r}: {exc}") from None
+def source_schema(source):
+    """The Arrow schema of the data, cheaply: Parquet's footer, else a bounded sample; None for URIs."""
+    import pyarrow as pa
 
-
-def _looks_like_lines(file: str) -> bool:
-    with open(file, "rb") as fh:
-        head = fh.read(1).strip()
-    return head != b"["
-
-
-def sample_frame(source: SourceSpec) -> pd.DataFrame | None:
-    """A pandas sample of the data (whole sklearn sets), or None for remote URIs."""
     if source.format == "sklearn":
-        return _sklearn_frame(source.name)
+        return pa.Schema.from_pandas(_sklearn_frame(source.name), preserve_index=False)
     files = resolve_paths(source)
     if is_uri(files[0]):
         return None
-    return _read_pandas(source.format, files[0], _SAMPLE_ROWS)
+    if source.format == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_schema(files[0])  # the footer only: a 50 MB file costs ~1 ms
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"{files[0]}: cannot read as parquet ({str(exc).splitlines()[0]})") from exc
+    return sample_table(source).schema
 
 
-def read_dataset(source: SourceSpec):
-    """All rows as a Ray Dataset."""
+def sample_table(source, columns: list[str] | None = None, rows: int = SAMPLE_ROWS):
+    """At most `rows` rows of the first file as an Arrow table (only `columns` where given); None for URIs."""
+    import pyarrow as pa
+
+    if source.format == "sklearn":
+        frame = _sklearn_frame(source.name)
+        return pa.Table.from_pandas(frame[columns] if columns else frame, preserve_index=False)
+    files = resolve_paths(source)
+    if is_uri(files[0]):
+        return None
+    if source.format == "parquet" and columns is not None:
+        import pyarrow.parquet as pq
+
+        try:  # only these columns' chunks of the first row group are read
+            with pq.ParquetFile(files[0]) as pf:
+                batch = next(pf.iter_batches(batch_size=rows, columns=columns), None)
+                return pa.Table.from_batches([batch]) if batch is not None else pf.schema_arrow.empty_table().select(columns)
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"{files[0]}: cannot read as parquet ({str(exc).splitlines()[0]})") from exc
+    table = _read_local(source.format, files[0], rows)
+    return table.select(columns) if columns is not None else table
+
+
+def sample_frame(source) -> pd.DataFrame | None:
+    """A pandas sample of the data (whole sklearn sets, `SAMPLE_ROWS` rows of files), or None for URIs."""
+    if source.format == "sklearn":
+        return _sklearn_frame(source.name)
+    table = sample_table(source)
+    return None if table is None else table.to_pandas()
+
+
+# ---------------------------------------------------------------- Ray Data
+
+
+def _json_datasources():
+    """The two JSON datasources; defined on first use so importing this module never imports Ray."""
+    from ray.data.datasource import FileBasedDatasource
+
+    class _JSONArrayDatasource(FileBasedDatasource):
+        """Files holding one JSON array of row objects."""
+
+        def _read_stream(self, f, path: str):
+            data = f.read_buffer().to_pybytes()
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _json_error(path, "text", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+            rows = _json_array_rows(path, text, None, True)
+            if rows:
+                yield _rows_table(path, rows)
+
+    class _JSONLinesDatasource(FileBasedDatasource):
+        """Files holding one JSON object per line."""
+
+        def _read_stream(self, f, path: str):
+            table = _json_lines_table(path, f.read_buffer().to_pybytes())
+            if table.num_rows:
+                yield table
+
+    return _JSONArrayDatasource, _JSONLinesDatasource
+
+
+def read_dataset(source):
+    """All rows as a Ray Dataset (lazy: read errors surface when it is first consumed)."""
     import ray.data
 
     if source.format == "sklearn":
         return ray.data.from_pandas(_sklearn_frame(source.name))
     files = resolve_paths(source)
     try:
+        # resolve_paths already chose the files: Ray's suffix filters would drop .pq / .ndjson
         if source.format == "csv":
-            return ray.data.read_csv(files)
+            return ray.data.read_csv(files, file_extensions=None, convert_options=_csv_convert_options())
         if source.format == "parquet":
-            return ray.data.read_parquet(files)
-        if all(f.endswith((".jsonl", ".ndjson")) or _looks_like_lines(f) for f in files if not is_uri(f)):
-            return ray.data.read_json(files, lines=True)
-        return ray.data.read_json(files)
-    except Exception as exc:
-        raise DataError(f"data.source.path: cannot read {source.format} data {source.path!r}: {exc}") from None
+            return ray.data.read_parquet(files, file_extensions=None)
+        if any(is_uri(f) for f in files):
+            return ray.data.read_json(files, file_extensions=None)  # Arrow for lines, json.load for arrays
+        array_ds, lines_ds = _json_datasources()
+        arrays = [f for f in files if _is_json_array(f)]
+        lines = [f for f in files if f not in set(arrays)]
+        parts = [ray.data.read_datasource(cls(group, file_extensions=None))
+                 for cls, group in ((array_ds, arrays), (lines_ds, lines)) if group]
+        ds = parts[0] if len(parts) == 1 else parts[0].union(*parts[1:])
+        # Reads the first block now, so a malformed (first) file fails here with our one-line
+        # message rather than as a Ray task traceback wherever the Dataset is first consumed.
+        ds.schema()
+        return ds
+    except Exception as exc:  # a RayTaskError(DataError) is a DataError too, with a traceback for text
+        error = unwrap_data_error(exc, source)
+        if error is exc:
+            raise
+        raise error from exc
 
 
-def fingerprint(source: SourceSpec) -> str:
+def unwrap_data_error(exc: BaseException, source=None) -> DataError:
+    """The DataError a Ray read task raised (Ray wraps it in a RayTaskError whose text is a
+    remote traceback), else a DataError with the first line of `exc`."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, DataError) and not type(seen).__name__.startswith("RayTaskError"):
+            return seen
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    if isinstance(exc, DataError):  # RayTaskError(DataError) without the original at hand
+        text = str(exc)
+        marker = "rayline.errors.DataError: "
+        if marker in text:
+            return DataError(text.split(marker, 1)[1].strip().splitlines()[0])
+    first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    where = f"data.source.path: cannot read {source.format} data {source.path!r}" if source is not None else "data"
+    return DataError(f"{where}: {first}")
+
+
+def fingerprint(source) -> str:
     """A content hash of the data: local file bytes, or the sklearn set's name and version."""
     digest = hashlib.sha256()
     if source.format == "sklearn":
