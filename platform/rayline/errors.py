@@ -27,8 +27,9 @@ class SpecError(RaylineError):
 
     exit_code = 2
 
-    def __init__(self, problems: list[str], source: str | None = None):
-        self.problems = list(problems)
+    def __init__(self, problems: list, source: str | None = None):
+        self.details = list(problems)  # str, or rayline.spec.Problem (path, what, got, allowed, hint)
+        self.problems = [str(p) for p in self.details]
         self.source = source
         head = f"{source}: " if source else ""
         super().__init__(head + "invalid pipeline spec\n" + "\n".join(f"  {p}" for p in self.problems))

@@ -1,0 +1,424 @@
+"""The pipeline spec's pydantic models: the public contract users write in YAML.
+
+Every model forbids unknown keys. Validators raise `SpecProblem` with the parts of the
+message (path relative to the model, what, got, allowed); problems.py renders them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from rayline.data.steps import STEP_SPEC_MODELS, STEPS
+from rayline.spec.problems import SpecProblem, problem
+from rayline.spec.space import check_distributions, check_grid, check_space
+from rayline.train.catalog import BACKENDS
+
+__all__ = [
+    "PipelineSpec",
+    "DataSpec",
+    "SourceSpec",
+    "SplitSpec",
+    "ModelSpec",
+    "OptimizerSpec",
+    "TrainSpec",
+    "TuneSpec",
+    "ServeSpec",
+    "ReplicasSpec",
+    "ResourcesSpec",
+    "BatchingSpec",
+    "AuthSpec",
+    "PreprocessStep",
+    "PREPROCESS_KINDS",
+    "SKLEARN_DATASETS",
+    "CLASSIFICATION_METRICS",
+    "REGRESSION_METRICS",
+    "metric_mode",
+    "spec_json_schema",
+]
+
+SKLEARN_DATASETS = ("iris", "digits", "wine", "breast_cancer", "diabetes")
+CLASSIFICATION_METRICS = ("loss", "accuracy", "f1", "precision", "recall", "roc_auc", "log_loss")
+REGRESSION_METRICS = ("loss", "rmse", "mae", "r2")
+_MAX_METRICS = {"accuracy", "f1", "precision", "recall", "roc_auc", "r2"}
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+
+def metric_mode(metric: str) -> str:
+    """'max' for scores, 'min' for losses and errors."""
+    return "max" if metric in _MAX_METRICS else "min"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+# ---------------------------------------------------------------- data
+
+
+class SourceSpec(_Strict):
+    format: Literal["sklearn", "csv", "parquet", "json"] = Field(description="Where the rows come from.")
+    name: Optional[str] = Field(None, description="sklearn dataset name (format: sklearn).")
+    path: Optional[str] = Field(
+        None, description="File, directory, glob or URI (s3://, gs://); relative to the spec file."
+    )
+
+    @model_validator(mode="after")
+    def _source_fields(self):
+        if self.format == "sklearn":
+            if self.name not in SKLEARN_DATASETS:
+                raise problem("name", "unknown sklearn dataset", got=repr(self.name), allowed=", ".join(SKLEARN_DATASETS))
+            if self.path is not None:
+                raise problem("path", "not used with format sklearn", got=repr(self.path), allowed="name")
+        else:
+            if not self.path:
+                raise problem("path", f"required for format {self.format}", got="None",
+                              allowed="a file, directory, glob or URI")
+            if self.name is not None:
+                raise problem("name", "only for format sklearn", got=repr(self.name), allowed="path")
+        return self
+
+
+class SplitSpec(_Strict):
+    valid: float = Field(0.2, gt=0, lt=1, description="Fraction of rows for validation (metric, early stopping).")
+    test: float = Field(0.1, ge=0, lt=1, description="Fraction of rows held out for final test metrics.")
+    seed: int = Field(0, description="Seed of the deterministic split.")
+
+    @model_validator(mode="after")
+    def _fractions(self):
+        if self.valid + self.test >= 0.9:
+            raise problem("", "valid + test: leaves too little to train on", got=f"{self.valid + self.test:g}",
+                          allowed="< 0.9")
+        return self
+
+
+# Each preprocessing step's spec model comes from its class in data/steps.py (the registry).
+PREPROCESS_KINDS = tuple(STEPS)
+_STEP_MODELS = STEP_SPEC_MODELS
+_STEP_TAGS = {kind: model.__name__ for kind, model in _STEP_MODELS.items()}
+
+
+def _step_tag(value: Any) -> str | None:
+    if isinstance(value, dict) and len(value) == 1:
+        return _STEP_TAGS.get(next(iter(value)))
+    return type(value).__name__ if isinstance(value, tuple(_STEP_MODELS.values())) else None
+
+
+# Tagged by the step's one key, so a bad step reports only its own problems; the tags are
+# known (paths.walk drops exactly them from error locations).
+PreprocessStep = Annotated[
+    Union[tuple(Annotated[m, Tag(m.__name__)] for m in _STEP_MODELS.values())],
+    Discriminator(_step_tag),
+]
+
+
+class DataSpec(_Strict):
+    source: SourceSpec
+    label: str = Field(description="The column to predict.")
+    features: Optional[list[str]] = Field(None, description="Default: every column except the label.")
+    split: SplitSpec = Field(default_factory=SplitSpec)
+    preprocess: list[PreprocessStep] = Field(default_factory=list, description="Fitted on the train split only.")
+
+    @field_validator("preprocess", mode="before")
+    @classmethod
+    def _step_kinds(cls, steps):
+        # Report a bad step kind by name instead of pydantic's four-way union noise.
+        if isinstance(steps, list):
+            for i, step in enumerate(steps):
+                if not isinstance(step, dict) or len(step) != 1:
+                    raise problem((i,), "each step is a mapping with one key", got=repr(step),
+                                  allowed=", ".join(PREPROCESS_KINDS))
+                (kind,) = step
+                if kind not in PREPROCESS_KINDS:
+                    raise problem((i,), "unknown preprocessing step", got=repr(kind), allowed=", ".join(PREPROCESS_KINDS))
+        return steps
+
+    @field_validator("features")
+    @classmethod
+    def _features_unique(cls, v):
+        if v is not None:
+            if not v:
+                raise problem("", "must name at least one column", got="[]", allowed="omit it for every column")
+            dupes = sorted({c for c in v if v.count(c) > 1})
+            if dupes:
+                raise problem("", "duplicate columns", got=str(dupes), allowed="each column once")
+        return v
+
+    @model_validator(mode="after")
+    def _label_not_feature(self):
+        if self.features and self.label in self.features:
+            raise problem("features", "the label is not a feature", got=repr(self.label), allowed="other columns")
+        return self
+
+
+# ---------------------------------------------------------------- model and training
+
+_IMPORT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class ModelSpec(_Strict):
+    framework: Literal["torch", "tensorflow", "xgboost"] = Field(description="Which training backend.")
+    kind: Optional[str] = Field(None, description="A built-in model: mlp (torch, tensorflow), gbdt (xgboost).")
+    import_: Optional[str] = Field(
+        None,
+        alias="import",
+        description="'module:callable' -> callable(num_features, num_outputs, **params) returning the model.",
+    )
+    params: dict[str, Any] = Field(default_factory=dict, description="Passed to the model builder.")
+
+    @model_validator(mode="after")
+    def _kind_or_import(self):
+        info = BACKENDS[self.framework]
+        kinds = ", ".join(sorted(info.kinds))
+        no_import = problem("import", f"not supported for framework {self.framework}", got=repr(self.import_),
+                            allowed=f"kind: {kinds}")
+        if (self.kind is None) == (self.import_ is None):
+            if not info.import_returns and self.import_ is not None:
+                raise no_import
+            raise problem("kind", "give exactly one of kind or import",
+                          got=f"kind={self.kind!r}, import={self.import_!r}", allowed=kinds,
+                          allowed_label=f"allowed kinds for {self.framework}")
+        if self.import_ is not None:
+            if not info.import_returns:
+                raise no_import
+            if not _IMPORT_RE.match(self.import_):
+                raise problem("import", "must be 'module.path:callable'", got=repr(self.import_))
+            return self
+        if self.kind not in info.kinds:
+            raise problem("kind", f"unknown model kind for {self.framework}", got=repr(self.kind), allowed=kinds)
+        allowed = info.kinds[self.kind]
+        for key in self.params:
+            if key not in allowed:
+                raise problem(("params", key), f"unknown parameter for {self.framework} {self.kind}",
+                              got=repr(key), allowed=", ".join(sorted(allowed)))
+        return self
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0, le=10, description="Learning rate.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="sgd only.")
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class TrainSpec(_Strict):
+    workers: int = Field(2, ge=1, le=1024, description="Ray Train workers (DDP ranks, TF replicas, xgboost workers).")
+    use_gpu: bool = Field(False, description="One GPU per worker.")
+    use_tpu: bool = Field(False, description="TPU workers (only where the framework supports it).")
+    cpus_per_worker: Optional[float] = Field(
+        None, gt=0, description="Logical CPUs per worker; default: planned from the cluster so nothing stalls."
+    )
+    epochs: int = Field(10, ge=1, le=100_000, description="Epochs (torch, tensorflow); boosting rounds default for xgboost.")
+    batch_size: int = Field(64, ge=1, description="Global batch size, split across workers.")
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    metric: Optional[str] = Field(None, description="Validation metric choosing the best checkpoint and trial.")
+    max_failures: int = Field(2, ge=0, description="Worker-group restarts from the latest checkpoint.")
+
+    @model_validator(mode="after")
+    def _accelerator(self):
+        if self.use_gpu and self.use_tpu:
+            raise problem("use_tpu", "choose one accelerator", got="use_gpu: true and use_tpu: true",
+                          allowed="one of them")
+        return self
+
+
+# ---------------------------------------------------------------- tuning and serving
+
+Distribution = dict[str, Any]
+
+
+class TuneSpec(_Strict):
+    num_samples: int = Field(8, ge=1, le=10_000, description="Trials (times each grid combination).")
+    max_concurrent: int = Field(2, ge=1, description="Trials running at once (lowered to what the cluster fits).")
+    scheduler: Literal["asha", "fifo"] = "asha"
+    search: Literal["random", "grid"] = "random"
+    space: dict[str, Distribution] = Field(
+        min_length=1,
+        description="Dotted spec path -> distribution. Tunable: model.params.<param>, train.epochs, "
+                    "train.batch_size, train.workers, train.optimizer.name/lr/momentum/weight_decay.",
+    )
+
+    @field_validator("space")
+    @classmethod
+    def _distributions(cls, space):
+        problems = check_distributions(space)
+        if problems:
+            raise SpecProblem(*problems)
+        return space
+
+    @model_validator(mode="after")
+    def _grid_search(self):
+        problems = check_grid(self.search, self.space)
+        if problems:
+            raise SpecProblem(*problems)
+        return self
+
+
+class ReplicasSpec(_Strict):
+    min: int = Field(1, ge=0, description="Fewest replicas (0 scales to zero).")
+    max: int = Field(1, ge=1, description="Most replicas.")
+    target_ongoing_requests: float = Field(2, gt=0, description="Autoscaling target per replica.")
+    upscale_delay_s: float = Field(30.0, ge=0, description="Load must stay above target this long before a replica is added (Ray Serve's default).")
+    downscale_delay_s: float = Field(600.0, ge=0, description="Load must stay below target this long before a replica is removed (Ray Serve's default).")
+    look_back_period_s: float = Field(30.0, gt=0, description="Window the load is averaged over (Ray Serve's default).")
+    cpus: Optional[float] = Field(None, gt=0, description="Deprecated: use serve.resources_per_replica.cpus.")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.max < self.min:
+            raise problem("max", "must be >= min", got=f"max={self.max}, min={self.min}")
+        return self
+
+
+class ResourcesSpec(_Strict):
+    cpus: float = Field(0.25, ge=0, description="Logical CPUs each replica reserves (fractions allowed).")
+    gpus: float = Field(0.0, ge=0, description="GPUs each replica reserves (fractions share one GPU).")
+
+    @model_validator(mode="after")
+    def _something(self):
+        if self.cpus == 0 and self.gpus == 0:
+            raise problem("", "a replica must reserve some CPU or GPU", got="cpus: 0, gpus: 0",
+                          allowed="cpus > 0 or gpus > 0")
+        return self
+
+
+class BatchingSpec(_Strict):
+    """Dynamic batching: concurrent requests' rows merged into one model call (Ray Serve's @serve.batch)."""
+
+    enabled: bool = Field(True, description="false: every request calls the model alone.")
+    # On by default: measured a tie for the digits MLP on 2 cores (figures in
+    # rayline/serve/batching.py); merged model calls should pay where the model call is the cost.
+    max_batch_size: int = Field(64, ge=1, le=100_000, description="Most rows in one model call.")
+    wait_timeout_ms: float = Field(2.0, ge=0, le=10_000, description="Longest a request waits for others to join its batch.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flag(cls, v):
+        # `batching: false` / `batching: true` as a shorthand.
+        return {"enabled": v} if isinstance(v, bool) else v
+
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class AuthSpec(_Strict):
+    """Where the replicas find the API keys; the spec never holds a key itself."""
+
+    api_keys_env: Optional[str] = Field(
+        None, description="Environment variable of the Ray nodes holding comma-separated keys (read by each replica).")
+    api_keys_file: Optional[str] = Field(
+        None, description="File with one key per line (# comments allowed), readable where the replicas run; "
+                          "relative to the spec file.")
+
+    @field_validator("api_keys_env")
+    @classmethod
+    def _env_name(cls, v):
+        if v is not None and not _ENV_NAME_RE.match(v):
+            # Do not echo it: a value that is not a variable name may be a key pasted by mistake.
+            raise problem("", "not an environment variable name", got="a value that is not shown",
+                          allowed="letters, digits and '_', not starting with a digit, e.g. RAYLINE_API_KEYS")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        given = [k for k in ("api_keys_env", "api_keys_file") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise problem("", "give exactly one of api_keys_env or api_keys_file", got=str(given or "neither"),
+                          allowed="api_keys_env: VAR or api_keys_file: PATH")
+        if self.api_keys_file is not None and not self.api_keys_file.strip():
+            raise problem("api_keys_file", "empty path", got="''", allowed="a file path")
+        return self
+
+
+class ServeSpec(_Strict):
+    route: Optional[str] = Field(None, description="HTTP route prefix; default /<name>.")
+    replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
+    resources_per_replica: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    max_instances: int = Field(10_000, ge=1, description="Most instances accepted in one request.")
+    max_ongoing_requests: int = Field(64, ge=1, description="Requests one replica works on at once (batching needs >= max_batch_size requests to fill a batch).")
+    max_queued_requests: int = Field(256, ge=-1, description="Requests waiting for a replica before new ones get 429 with Retry-After (-1: no limit).")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After seconds on a 429.")
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413 before parsing.")
+    request_timeout_s: float = Field(60.0, gt=0, description="A request still unanswered after this long gets 504.")
+    auth: Optional[AuthSpec] = Field(None, description="API keys required on every route but GET /health.")
+
+    @field_validator("route")
+    @classmethod
+    def _route(cls, v):
+        if v is not None and (not v.startswith("/") or v == "/" or v.endswith("/") or " " in v):
+            raise problem("", "must start with '/', not end with '/', and hold no spaces", got=repr(v),
+                          allowed="e.g. /digits")
+        return v
+
+    @model_validator(mode="after")
+    def _deprecated_replica_cpus(self):
+        # `replicas.cpus` (before resources_per_replica existed) still works and moves over.
+        cpus = self.replicas.cpus
+        if cpus is not None:
+            if "resources_per_replica" in self.model_fields_set and self.resources_per_replica.cpus != cpus:
+                raise problem(("replicas", "cpus"), "deprecated, and it contradicts resources_per_replica.cpus",
+                              got=f"{cpus:g} and {self.resources_per_replica.cpus:g}",
+                              allowed="only resources_per_replica.cpus")
+            self.resources_per_replica = ResourcesSpec(cpus=cpus, gpus=self.resources_per_replica.gpus)
+            self.replicas.cpus = None
+        return self
+
+
+class PipelineSpec(_Strict):
+    name: str = Field(description="Lowercase letters, digits and '-'; names the model and the default route.")
+    data: DataSpec
+    task: Optional[Literal["classification", "regression"]] = Field(
+        None, description="Inferred from the label when omitted."
+    )
+    model: ModelSpec
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    tune: Optional[TuneSpec] = None
+    serve: Optional[ServeSpec] = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if not _NAME_RE.match(v) or len(v) > 63:
+            raise problem("", "lowercase letters, digits and '-', at most 63", got=repr(v), allowed="e.g. digits-mlp")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        info = BACKENDS[self.model.framework]
+        want = "tpu" if self.train.use_tpu else "gpu" if self.train.use_gpu else "cpu"
+        if want not in info.accelerators:
+            raise problem(("train", f"use_{want}"),
+                          f"framework {self.model.framework} cannot train on {want.upper()} with Ray Train",
+                          got=f"use_{want}: true", allowed=", ".join(sorted(info.accelerators)), allowed_label="supported")
+        if self.train.metric is not None:
+            allowed = {
+                "classification": CLASSIFICATION_METRICS,
+                "regression": REGRESSION_METRICS,
+                None: tuple(dict.fromkeys(CLASSIFICATION_METRICS + REGRESSION_METRICS)),
+            }[self.task]
+            if self.train.metric not in allowed:
+                raise problem(("train", "metric"), f"unknown metric{' for ' + self.task if self.task else ''}",
+                              got=repr(self.train.metric), allowed=", ".join(allowed))
+        if self.tune is not None:
+            problems = check_space(self)
+            if problems:
+                raise SpecProblem(*problems)
+        return self
+
+    @property
+    def route(self) -> str:
+        return (self.serve.route if self.serve and self.serve.route else f"/{self.name}")
+
+    def resolved_metric(self, task: str) -> str:
+        return self.train.metric or ("accuracy" if task == "classification" else "rmse")
+
+
+def spec_json_schema() -> dict:
+    """The pipeline spec's JSON Schema (draft 2020-12), for editor completion."""
+    schema = PipelineSpec.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "rayline pipeline spec"
+    return schema

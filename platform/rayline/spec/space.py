@@ -1,0 +1,249 @@
+"""tune.space: which spec paths a sweep may vary, and whether every value a trial can draw is valid there.
+
+A sweep varies how one model family is trained; everything that decides what is trained
+or where it runs is fixed for the whole sweep, because the runner reads it once before any
+trial: the data is read, split and preprocessed once; resources (workers' CPUs, GPUs) are
+planned once; one framework's backend is loaded and one model is registered. So the
+tunable paths are an allow-list (`TUNABLE`, plus `model.params.<param>`), and each value a
+distribution can draw is validated against the pydantic field it sets, at `rayline
+validate` — not in a trial after the data stage.
+
+Bounds are inclusive as rayline reads them: `randint: [2, 6]` draws 2..6 (tune.py passes
+high + 1 to Ray). `largest_value` gives the largest draw, for sizing resources.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+from typing import Annotated, Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from rayline.spec.paths import field_named, model_members
+from rayline.spec.problems import Problem
+from rayline.train.catalog import BACKENDS
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "TUNABLE",
+    "NOT_TUNABLE",
+    "check_distributions",
+    "check_grid",
+    "check_space",
+    "largest_value",
+]
+
+DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice", "grid")
+_RANGES = ("loguniform", "uniform", "randint")
+
+# Besides model.params.<param> (a built-in kind's known parameters; any name for model.import).
+TUNABLE = (
+    "train.epochs",
+    "train.batch_size",
+    "train.workers",
+    "train.optimizer.name",
+    "train.optimizer.lr",
+    "train.optimizer.momentum",
+    "train.optimizer.weight_decay",
+)
+
+_RESOURCES = "resources are planned once for the whole sweep; set it outside tune.space"
+_FAMILY = "one sweep trains one model family: one spec per framework"
+# Why a path that exists is not tunable: a full path, or a top-level section for all under it.
+NOT_TUNABLE = {
+    "train.cpus_per_worker": _RESOURCES,
+    "train.use_gpu": _RESOURCES,
+    "train.use_tpu": _RESOURCES,
+    "model.framework": _FAMILY,
+    "model.kind": _FAMILY,
+    "model.import": _FAMILY,
+    "train.metric": "every trial is ranked by the same metric; set it outside tune.space",
+    "train.max_failures": "fault tolerance is set once for the whole sweep; set it outside tune.space",
+    "data": "the data is read, split and preprocessed once for the whole sweep (preprocessing is not tunable)",
+    "serve": "serving settings do not change the trained model",
+    "tune": "the sweep's own settings are not tunable",
+    "name": "one sweep registers one model name",
+    "task": "one sweep solves one task",
+}
+
+
+def largest_value(dist: dict[str, Any]) -> Any:
+    """The largest value a trial can draw from one `tune.space` distribution.
+
+    `uniform`/`loguniform`/`randint`: the high bound (inclusive, as rayline reads it);
+    `choice`/`grid`: the largest listed value. For numeric paths (train.workers,
+    train.batch_size, ...), e.g. to size resources for the most demanding trial; values
+    that do not compare (strings mixed with numbers) raise TypeError. The distribution
+    must already be valid (`check_distributions`).
+    """
+    ((kind, args),) = dist.items()
+    if kind in _RANGES:
+        return args[1]
+    return max(args)
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_distributions(space: dict[str, Any]) -> list[Problem]:
+    """The shape of each distribution; paths relative to `tune.space`."""
+    problems = []
+    for path, dist in space.items():
+        if not isinstance(dist, dict) or len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
+            problems.append(Problem(
+                (path,), f"a distribution is one of {{{', '.join(k + ': ...' for k in DISTRIBUTIONS)}}}",
+                got=repr(dist), allowed=", ".join(DISTRIBUTIONS)))
+            continue
+        ((kind, args),) = dist.items()
+        if kind in _RANGES:
+            pair = isinstance(args, list) and len(args) == 2 and all(_number(a) for a in args)
+            if pair and not _finite(args):
+                # Ray would reject it only when the sweep starts (or sample inf/nan); say it now.
+                problems.append(Problem((path, kind), "bounds must be finite numbers", got=repr(args),
+                                        allowed="finite [low, high] with low < high"))
+                continue
+            ok = pair and args[0] < args[1]
+            if kind == "loguniform" and ok:
+                ok = args[0] > 0
+            if kind == "randint" and ok:
+                ok = all(isinstance(a, int) for a in args)
+            if not ok:
+                problems.append(Problem(
+                    (path, kind),
+                    f"needs [low, high] with low < high"
+                    f"{' and low > 0' if kind == 'loguniform' else ''}"
+                    f"{' as integers' if kind == 'randint' else ''}",
+                    got=repr(args)))
+        elif not isinstance(args, list) or not args:
+            problems.append(Problem((path, kind), "needs a non-empty list of values", got=repr(args)))
+        elif not _finite(args):
+            problems.append(Problem((path, kind), "values must be finite numbers", got=repr(args),
+                                    allowed="no inf or nan"))
+    return problems
+
+
+def check_grid(search: str, space: dict[str, Any]) -> list[Problem]:
+    """`search: grid` takes discrete values only; paths relative to `tune`."""
+    if search != "grid":
+        return []
+    return [Problem(("space", path), "search grid needs discrete values", got=next(iter(dist)), allowed="grid, choice")
+            for path, dist in space.items() if next(iter(dist)) not in ("grid", "choice")][:1]
+
+
+def check_space(spec: BaseModel) -> list[Problem]:
+    """Each path of `spec.tune.space` is tunable and every value it can draw is valid; absolute paths."""
+    problems = []
+    for path, dist in spec.tune.space.items():
+        found = _path_problem(spec, path) or _value_problem(spec, path, dist)
+        if found:
+            problems.append(found)
+    return problems
+
+
+def _tunable_text(spec: BaseModel) -> str:
+    model = spec.model
+    if model.import_ is not None:
+        params = [f"model.params.<any parameter of {model.import_}>"]
+    else:
+        params = [f"model.params.{p}" for p in sorted(BACKENDS[model.framework].kinds[model.kind])]
+    return ", ".join(params + list(TUNABLE))
+
+
+def _path_problem(spec: BaseModel, path: str) -> Problem | None:
+    at = ("tune", "space", path)
+    parts = path.split(".")
+    if parts[0] in NOT_TUNABLE:
+        return Problem(at, f"not tunable: {NOT_TUNABLE[parts[0]]}", got=repr(path), allowed=_tunable_text(spec))
+    if parts[:2] == ["model", "params"] and len(parts) >= 3:
+        if len(parts) > 3:
+            return Problem(at, "a parameter is tuned whole, not a part of it", got=repr(path),
+                           allowed=f"model.params.{parts[2]}")
+        if spec.model.import_ is not None:
+            return None  # a custom model takes whatever params it declares
+        allowed = BACKENDS[spec.model.framework].kinds[spec.model.kind]
+        if parts[2] in allowed:
+            return None
+        return Problem(at, f"no such parameter for {spec.model.framework} {spec.model.kind}", got=repr(parts[2]),
+                       allowed=", ".join("model.params." + a for a in sorted(allowed)))
+    models = [type(spec)]
+    for i, part in enumerate(parts):
+        fields = {f.alias or n: f for m in models for n, f in m.model_fields.items()}
+        if part not in fields:
+            where = ".".join(parts[:i]) or "the spec"
+            hint = difflib.get_close_matches(part, list(fields), n=1)
+            return Problem(at, f"no field {part!r} in {where}", got=repr(path),
+                           allowed=", ".join(".".join(parts[:i] + [a]) for a in sorted(fields)) or "nothing",
+                           hint=".".join(parts[:i] + hint) if hint else None)
+        models = model_members(fields[part].annotation)
+        if not models and i < len(parts) - 1:
+            where = ".".join(parts[: i + 1])
+            return Problem(at, f"{where} is a value, not a section", got=repr(path), allowed=where)
+    if models:
+        return Problem(at, "names a section, not a value", got=repr(path), allowed="one of its fields")
+    if path in TUNABLE:
+        return None
+    reason = NOT_TUNABLE.get(path)
+    return Problem(at, "not tunable" + (f": {reason}" if reason else ""), got=repr(path), allowed=_tunable_text(spec))
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(model: type[BaseModel], name: str) -> TypeAdapter:
+    # The field's own type and constraints (ge, le, gt, Literal...), so the space is checked
+    # by exactly the rules a trial's spec will be validated with.
+    field = model.model_fields[name]
+    return TypeAdapter(Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation)
+
+
+def _field_of(spec: BaseModel, path: str) -> tuple[type[BaseModel], str]:
+    """The model class and field name that a (checked) dotted path sets."""
+    model: Any = type(spec)
+    *parents, leaf = path.split(".")
+    for part in parents:
+        (model,) = model_members(field_named(model, part).annotation)
+    field = field_named(model, leaf)
+    return model, next(n for n, f in model.model_fields.items() if f is field)
+
+
+def _draws(kind: str, args: list) -> list[tuple[Any, Any]]:
+    """(value as shown, value as a trial gets it) for the values that decide validity."""
+    if kind in ("choice", "grid"):
+        return [(v, v) for v in args]
+    low, high = args
+    if kind == "randint":
+        return [(low, low), (high, high)]
+    # A fractional value inside the range: an integer field must reject uniform draws even
+    # when both bounds are whole numbers (1/sqrt(2) of the way: whole only by coincidence).
+    inside = low + (high - low) * 0.7071067811865476
+    return [(low, float(low)), (high, float(high)), (inside, inside)]
+
+
+def _value_problem(spec: BaseModel, path: str, dist: dict) -> Problem | None:
+    if path.startswith("model.params."):
+        return None  # the catalog knows parameter names, not their types: trials validate values
+    model, name = _field_of(spec, path)
+    adapter = _adapter(model, name)
+    ((kind, args),) = dist.items()
+    for shown, value in _draws(kind, args):
+        try:
+            adapter.validate_python(value)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            at = ("tune", "space", path)
+            if err["type"] == "int_from_float" and kind in ("uniform", "loguniform"):
+                return Problem(at, f"{kind} draws fractional numbers, and {path} takes whole numbers",
+                               got=repr(dist), allowed="randint or choice")
+            return Problem(at, f"{kind} can draw {shown!r}, which {path} does not take: {err['msg']}", got=repr(dist))
+    return None
