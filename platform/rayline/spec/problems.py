@@ -82,25 +82,26 @@ def short(value: Any) -> str:
 def from_validation_error(exc: ValidationError, root: type[BaseModel]) -> list[Problem]:
     """One Problem per pydantic error of validating `root`; a union's member errors merge into one."""
     out: list[Problem] = []
-    merged: dict[tuple, int] = {}  # union location -> index in out
+    merged: dict[tuple, tuple[int, list[str]]] = {}  # union location -> (index in out, what each member expects)
     walked = [(err, *walk(root, err["loc"])) for err in exc.errors()]
     # A union member that got further (columns: [5] -> columns[0] is not a string) says more
     # than another member rejecting the value whole (columns is not 'numeric').
     deeper = {loc[: u[-1][0]] for _, loc, _, u in walked if u and u[-1][0] < len(loc)}
     for err, loc, _, unions in walked:
-        if unions and unions[-1][0] == len(loc) and loc in deeper:
+        at_member = bool(unions) and unions[-1][0] == len(loc)
+        if at_member and loc in deeper:
             continue
-        found = _problems(err, loc, root)
-        if unions and len(found) == 1 and unions[-1][0] == len(loc):
+        if at_member and err["type"] not in ("value_error", "extra_forbidden", "missing"):
             # An error of one member of a plain union (Union[list[str], Literal['numeric']]):
-            # say what each member expects, once.
-            key = loc
-            if key in merged:
-                first = out[merged[key]]
-                out[merged[key]] = replace(first, what=f"{first.what.rstrip()} or {_expects(err)}")
+            # one problem saying what each member expects.
+            if loc in merged:
+                index, expects = merged[loc]
+                expects.append(_expects(err))
+                *head, last = expects
+                out[index] = replace(out[index], what=f"Input should be {', '.join(head)} or {last}")
                 continue
-            merged[key] = len(out)
-        out.extend(found)
+            merged[loc] = (len(out), [_expects(err)])
+        out.extend(_problems(err, loc, root))
     return out
 
 

@@ -47,6 +47,9 @@ def _yaml_problem(exc: yaml.YAMLError, text: str) -> Problem:
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
     what = getattr(exc, "problem", None) or getattr(exc, "context", None) or exc
+    context = getattr(exc, "context", None)
+    if context and what is not context and not context.startswith("while "):  # "expected a single document ..."
+        what = f"{context}, {what}"
     return Problem(("(yaml)",), _one_line(f"{where}{what}"))
 
 
