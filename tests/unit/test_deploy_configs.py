@@ -46,6 +46,76 @@ def test_strict_validation_catches_a_misspelt_key():
         jsonschema.validate(manifest, _crd_schema("RayService"))
 
 
+# Ports of the Ray head that run code or hold cluster state: dashboard (its Jobs API runs any
+# code), GCS, Ray Client server; the metrics export port is read-only but cluster-internal too.
+_CONTROL_PORTS = {8265: "dashboard", 6379: "GCS", 10001: "Ray Client"}
+_SERVE_PORT = 8000
+
+
+def _cluster_spec(manifest):
+    spec = manifest["spec"]
+    return {"RayCluster": lambda: spec, "RayJob": lambda: spec.get("rayClusterSpec"),
+            "RayService": lambda: spec.get("rayClusterConfig")}[manifest["kind"]]()
+
+
+def _exposure_problems(manifest):
+    """Everything in a KubeRay manifest that opens the Ray control plane: token auth off, a head
+    Service or Ingress beyond the cluster, a hostPort, a Serve Service with more than the Serve port."""
+    problems = []
+    cluster = _cluster_spec(manifest) or {}
+    if (cluster.get("authOptions") or {}).get("mode") != "token":
+        problems.append("authOptions.mode is not token")
+    groups = [("head", cluster.get("headGroupSpec") or {})] + [
+        (g.get("groupName", "?"), g) for g in cluster.get("workerGroupSpecs") or []]
+    head = groups[0][1]
+    if head.get("serviceType", "ClusterIP") != "ClusterIP":
+        problems.append(f"head serviceType {head['serviceType']}")
+    if head.get("enableIngress"):
+        problems.append("head enableIngress")
+    head_service = (head.get("headService") or {}).get("spec") or {}
+    if head_service.get("type", "ClusterIP") != "ClusterIP":
+        problems.append(f"headService type {head_service['type']}")
+    for name, group in groups:
+        for container in ((group.get("template") or {}).get("spec") or {}).get("containers") or []:
+            for port in container.get("ports") or []:
+                if port.get("hostPort"):
+                    problems.append(f"{name} group: hostPort {port['hostPort']} for containerPort {port.get('containerPort')}")
+            env = {e.get("name"): e.get("value") for e in container.get("env") or []}
+            if env.get("RAY_AUTH_MODE", "token") != "token":
+                problems.append(f"{name} group: RAY_AUTH_MODE={env['RAY_AUTH_MODE']}")
+    serve_service = (manifest["spec"].get("serveService") or {}).get("spec") or {}
+    for port in serve_service.get("ports") or []:
+        target = port.get("targetPort", port.get("port"))
+        if target != _SERVE_PORT:
+            problems.append(f"serveService exposes port {target} ({_CONTROL_PORTS.get(target, 'not Serve')})")
+    return problems
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_kuberay_manifest_has_token_auth_and_keeps_ray_ports_inside_the_cluster(path):
+    manifest = yaml.safe_load(path.read_text())
+    assert _exposure_problems(manifest) == []
+    text = path.read_text()
+    assert "token" in text.split("apiVersion:")[0], "the header comment says how the control plane is protected"
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda c, m: c.pop("authOptions"), "authOptions.mode is not token"),
+    (lambda c, m: c["authOptions"].update(mode="disabled"), "authOptions.mode is not token"),
+    (lambda c, m: c["headGroupSpec"].update(serviceType="LoadBalancer"), "head serviceType LoadBalancer"),
+    (lambda c, m: c["headGroupSpec"].update(enableIngress=True), "head enableIngress"),
+    (lambda c, m: c["headGroupSpec"]["template"]["spec"]["containers"][0].setdefault("ports", []).append(
+        {"containerPort": 8265, "hostPort": 8265}), "head group: hostPort 8265 for containerPort 8265"),
+    (lambda c, m: m["spec"].update(serveService={"spec": {"type": "LoadBalancer", "ports": [{"port": 8265}]}}),
+     "serveService exposes port 8265 (dashboard)"),
+])
+def test_exposure_check_catches_an_open_control_plane(mutate, problem):
+    manifest = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayservice-digits.yaml").read_text())
+    mutate(_cluster_spec(manifest), manifest)
+    jsonschema.validate(manifest, _crd_schema("RayService"))  # still a valid manifest: only this check catches it
+    assert problem in _exposure_problems(manifest)
+
+
 @pytest.mark.parametrize("config", [ROOT / "serving" / "digits.yaml", "rayservice"])
 def test_serve_configs_parse_and_build_the_application(config):
     from ray.serve.schema import ServeDeploySchema
