@@ -440,7 +440,11 @@ def unwrap_data_error(exc: BaseException, source=None) -> DataError:
     seen = exc
     while seen is not None:
         if isinstance(seen, DataError) and not type(seen).__name__.startswith("RayTaskError"):
-            return seen
+            if seen is exc:
+                return seen
+            # Ray Data appends its retry advice to the message's args ("Failed to read stream
+            # iteratively after 1/10 attempts ..."): keep our first line only.
+            return type(seen)(str(seen).splitlines()[0])
         seen = getattr(seen, "cause", None) or seen.__cause__
     if isinstance(exc, DataError):  # RayTaskError(DataError) without the original at hand
         text = str(exc)

@@ -1,0 +1,159 @@
+"""JSON sources through the data stage on a real Ray, and the real `rayline predict` CLI
+against the served digits model: every training format as --input, NaN/inf rejected
+client-side with one line naming the row and column, server and connection errors as one
+line, --probabilities with missing values never crashing."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from .conftest import PORT, ROOT, ensure_served
+
+N_ROWS = 60
+
+
+def _rows(n=N_ROWS, start=0):
+    return [{"x1": float(i % 7), "x2": None if i % 10 == 3 else float(i % 5), "y": "yes" if (i % 7) > 3 else "no"}
+            for i in range(start, start + n)]
+
+
+def _spec(folder, path):
+    spec = folder / "s.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "jsonsrc",
+        "data": {"source": {"format": "json", "path": path}, "label": "y",
+                 "preprocess": [{"impute": {"columns": ["x2"], "strategy": "median"}}]},
+        "model": {"framework": "xgboost", "kind": "gbdt"},
+    }))
+    return spec
+
+
+@pytest.mark.parametrize("layout", ["array", "lines", "both"])
+def test_json_arrays_and_lines_through_the_data_stage(ray_session, tmp_path, layout):
+    from rayline.data.pipeline import prepare_data
+    from rayline.spec import load_spec
+
+    (tmp_path / "d").mkdir()
+    if layout in ("array", "both"):
+        (tmp_path / "d" / "a.json").write_text(json.dumps(_rows(), indent=1))
+    if layout in ("lines", "both"):
+        (tmp_path / "d" / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(start=N_ROWS)))
+    data = prepare_data(load_spec(_spec(tmp_path, "d")))
+    assert sum(data.rows.values()) == N_ROWS * (2 if layout == "both" else 1)
+    assert [(f.name, f.kind) for f in data.preprocessing.features] == [("x1", "number"), ("x2", "number")]
+    assert data.preprocessing.label.classes == ["no", "yes"]
+
+
+def test_malformed_json_lines_after_the_sample_fail_the_data_stage_naming_the_line(ray_session, tmp_path):
+    from rayline.data.pipeline import prepare_data
+    from rayline.data.sources import SAMPLE_ROWS
+    from rayline.errors import DataError
+    from rayline.spec import load_spec
+
+    rows = _rows(SAMPLE_ROWS + 10)
+    text = "".join(json.dumps(r) + "\n" for r in rows) + '{"x1": 1, "x2": 2, "y": }\n'
+    (tmp_path / "rows.jsonl").write_text(text)
+    spec = load_spec(_spec(tmp_path, "rows.jsonl"))  # validate reads the first SAMPLE_ROWS lines only: passes
+    with pytest.raises(DataError) as info:
+        prepare_data(spec)
+    assert str(info.value).startswith(f"{tmp_path / 'rows.jsonl'}: line {len(rows) + 1} column 25: Expecting value")
+    assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------- the real CLI against the digits endpoint
+
+
+def _predict(*args, timeout=120):
+    # A wide terminal, so that "one line" means the message, not rich's wrapping at 80 columns.
+    return subprocess.run([sys.executable, "-m", "rayline.cli", "predict", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env={**os.environ, "COLUMNS": "1000"})
+
+
+def _one_line_error(proc, code, *parts):
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for part in parts:
+        assert part in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def endpoint(digits, ws):
+    return ensure_served(digits, ws)
+
+
+@pytest.fixture(scope="module")
+def digit_rows():
+    from sklearn.datasets import load_digits
+
+    frame = load_digits(as_frame=True).frame.drop(columns="target").head(3)
+    return frame.to_dict(orient="records")
+
+
+@pytest.mark.parametrize("name", ["rows.csv", "rows.parquet", "rows.json", "rows.jsonl"])
+def test_predict_input_in_every_training_format(endpoint, digit_rows, tmp_path, name):
+    path = tmp_path / name
+    if name.endswith(".csv"):
+        path.write_text(",".join(digit_rows[0]) + "\n" + "".join(",".join(map(str, r.values())) + "\n" for r in digit_rows))
+    elif name.endswith(".parquet"):
+        pq.write_table(pa.Table.from_pylist(digit_rows), path)
+    elif name.endswith(".json"):
+        path.write_text(json.dumps(digit_rows))
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in digit_rows))
+    proc = _predict(endpoint, "--input", str(path), "--probabilities", "--output", "json")
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert len(answer["predictions"]) == 3 and len(answer["probabilities"]) == 3
+
+
+def test_predict_table_with_probabilities(endpoint, digit_rows):
+    proc = _predict(endpoint, "--json", json.dumps(digit_rows[:2]), "--probabilities")
+    assert proc.returncode == 0, proc.stderr
+    assert "probability" in proc.stdout and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("make, parts", [
+    (lambda rows, tmp: ["--json", json.dumps([{**rows[0], "pixel_0_3": float("nan")}])],
+     ["--json: row 0, column 'pixel_0_3': not a finite number (got nan;"]),
+    (lambda rows, tmp: ["--json", '{"instances": [{"pixel_0_0": 1}, {"pixel_0_0": Infinity}]}'],
+     ["--json: row 1, column 'pixel_0_0': not a finite number (got inf;"]),
+    (lambda rows, tmp: ["--input", _csv_with(tmp, rows, row=1, column="pixel_2_2", cell="inf")],
+     ["rows.csv: row 1, column 'pixel_2_2': not a finite number (got inf;"]),
+    (lambda rows, tmp: ["--input", str(tmp / "rows.txt")], ["unknown file type (got '.txt'; allowed: .csv"]),
+])
+def test_bad_rows_are_one_line_exit_2_before_sending(endpoint, digit_rows, tmp_path, make, parts):
+    _one_line_error(_predict(endpoint, *make(digit_rows, tmp_path)), 2, *parts)
+
+
+def _csv_with(tmp, rows, row, column, cell):
+    lines = [",".join(rows[0])]
+    for i, r in enumerate(rows):
+        lines.append(",".join(cell if (i == row and k == column) else str(v) for k, v in r.items()))
+    (tmp / "rows.csv").write_text("\n".join(lines) + "\n")
+    return str(tmp / "rows.csv")
+
+
+def test_missing_values_with_probabilities_get_the_servers_answer_on_one_line(endpoint, digit_rows, tmp_path):
+    # digits imputes nothing, so the server answers 422 for the empty cell, sent as null
+    path = _csv_with(tmp_path, digit_rows, row=2, column="pixel_3_4", cell="")
+    _one_line_error(_predict(endpoint, "--input", path, "--probabilities"), 1,
+                    "answered 422: the model rejected the request:", "instances.2.pixel_3_4")
+
+
+def test_server_errors_and_unreachable_endpoints_are_one_line(endpoint, digit_rows):
+    row = json.dumps(digit_rows[:1])
+    _one_line_error(_predict(f"http://127.0.0.1:{PORT}/no-such-route", "--json", row), 1, "answered 404")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    _one_line_error(_predict(f"http://127.0.0.1:{free}/digits", "--json", row, "--timeout", "5", timeout=30), 1,
+                    f"cannot reach http://127.0.0.1:{free}/digits/predict")
