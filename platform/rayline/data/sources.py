@@ -30,7 +30,6 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Iterator
 
 import pandas as pd
 
@@ -57,7 +56,6 @@ FORMAT_SUFFIXES = {
     "parquet": (".parquet", ".pq"),
     "json": (".json", ".jsonl", ".ndjson"),
 }
-_SUFFIXES = FORMAT_SUFFIXES  # the old private name
 # A JSON-array sample is decoded from a prefix of the file, so validating a 1 GB array costs
 # a few MB: 2000 digits rows are ~1.3 MB of JSON. Doubled while not even one row fits.
 _JSON_PREFIX_BYTES = 4 << 20
@@ -180,8 +178,6 @@ def _read_text(file: str, limit_bytes: int | None = None) -> tuple[str, bool]:
 
 
 def _json_array_table(file: str, limit: int | None):
-    import pyarrow as pa
-
     if limit is None:
         text, _ = _read_text(file)
         rows = _json_array_rows(file, text, None, True)
