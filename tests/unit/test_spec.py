@@ -179,3 +179,48 @@ def test_cli_validate_good_specs_and_malformed_yaml(tmp_path):
     broken.write_text("name: x\ndata: [\n")
     proc = _cli("validate", str(broken))
     assert proc.returncode == 2 and "(yaml): line" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_public_names_are_complete_and_importable():
+    import types
+
+    import rayline.spec as spec_pkg
+
+    # Every name in __all__ exists, and everything public but the submodules is in __all__.
+    exposed = {n for n in dir(spec_pkg) if not n.startswith("_") and not isinstance(getattr(spec_pkg, n), types.ModuleType)}
+    assert exposed == set(spec_pkg.__all__), exposed ^ set(spec_pkg.__all__)
+
+
+def test_problems_carry_their_parts():
+    from rayline.spec import Problem
+
+    with pytest.raises(SpecError) as info:
+        parse_spec(_mutated(lambda d: (d["train"].update(epocs=3), d["serve"]["replicas"].update(min=3, max=2))))
+    assert info.value.details == [
+        Problem(("train", "epocs"), "unknown key", got="'epocs'",
+                allowed="workers, use_gpu, use_tpu, cpus_per_worker, epochs, batch_size, optimizer, metric, max_failures",
+                hint="epochs"),
+        Problem(("serve", "replicas", "max"), "must be >= min", got="max=2, min=3"),
+    ]
+    assert isinstance(info.value.__cause__, __import__("pydantic").ValidationError)  # the cause is kept
+    assert SpecError(["a: plain text"], "x.yaml").problems == ["a: plain text"]  # strings still work
+
+
+@pytest.mark.parametrize("step, expected", [
+    ({"impute": {"columns": 5}}, "data.preprocess[1].impute.columns: Input should be a valid list or 'numeric' (got 5)"),
+    ({"impute": {"columns": [5]}}, "data.preprocess[1].impute.columns[0]: Input should be a valid string (got 5)"),
+    ({"impute": {"columns": ["a"], "strategy": "constant", "value": [1]}},
+     "data.preprocess[1].impute.value: Input should be a valid boolean, a valid integer, a valid number or a valid string (got [1])"),
+])
+def test_a_union_field_gives_one_line(step, expected):
+    with pytest.raises(SpecError) as info:
+        parse_spec(_mutated(lambda d: d["data"]["preprocess"].append(step)))
+    assert info.value.problems == [expected]
+
+
+@pytest.mark.parametrize("key, shown", [("a: b", "['a: b']"), ("a\nb", "['a\\nb']"), ("", "['']"), (" x", "[' x']")])
+def test_odd_keys_are_quoted_so_every_problem_is_one_line(key, shown):
+    with pytest.raises(SpecError) as info:
+        parse_spec(_mutated(lambda d: d["train"].update({key: 1})))
+    assert info.value.problems == [f"train{shown}: unknown key (got {key!r}; allowed: workers, use_gpu, use_tpu, "
+                                   f"cpus_per_worker, epochs, batch_size, optimizer, metric, max_failures)"]
