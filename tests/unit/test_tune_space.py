@@ -123,6 +123,7 @@ def test_every_spec_field_is_either_tunable_or_has_a_reason():
      "choice can draw 'rmsprop', which train.optimizer.name does not take: Input should be 'adam', 'adamw' or 'sgd'"),
     ({"train.batch_size": {"grid": [32, 64.5]}}, "grid can draw 64.5, which train.batch_size does not take: Input should be a valid integer"),
     ({"train.epochs.max": {"choice": [1]}}, "tune.space.train.epochs.max: train.epochs is a value, not a section (got 'train.epochs.max'; allowed: train.epochs)"),
+    ({"model.params": {"choice": [{}]}}, "tune.space.model.params: names a section, not a value (got 'model.params'; allowed: model.params.<param>)"),
     ({"model.params.hidden_sizes.0": {"choice": [8]}},
      "tune.space.model.params.hidden_sizes.0: a parameter is tuned whole, not a part of it (got 'model.params.hidden_sizes.0'; allowed: model.params.hidden_sizes)"),
 ])

@@ -167,6 +167,8 @@ def _path_problem(spec: BaseModel, path: str) -> Problem | None:
     parts = path.split(".")
     if parts[0] in NOT_TUNABLE:
         return Problem(at, f"not tunable: {NOT_TUNABLE[parts[0]]}", got=repr(path), allowed=_tunable_text(spec))
+    if parts == ["model", "params"]:
+        return Problem(at, "names a section, not a value", got=repr(path), allowed="model.params.<param>")
     if parts[:2] == ["model", "params"] and len(parts) >= 3:
         if len(parts) > 3:
             return Problem(at, "a parameter is tuned whole, not a part of it", got=repr(path),
