@@ -255,13 +255,26 @@ def cluster_up(workspace: Optional[Path] = WorkspaceOpt,
                num_cpus: Optional[int] = typer.Option(None, help="Logical CPUs (default: all cores)."),
                dashboard_port: int = typer.Option(8265, help="Port of the Ray dashboard."),
                ingress: Optional[str] = typer.Option(None, "--ingress", help="Serve ingress: haproxy (default; "
-                                                     "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy).")) -> None:
+                                                     "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy)."),
+               host: str = typer.Option("127.0.0.1", "--host", help="Bind address of the head's ports: 127.0.0.1 "
+                                        "(default: this machine only) or 0.0.0.0 (every interface; turn on Ray token auth)."),
+               client_port: int = typer.Option(10001, "--client-port", help="Port of Ray's client server (ray://).")) -> None:
     """Start a local Ray head that outlives this command."""
     from rayline.cluster import cluster_up as up
+    from rayline.cluster import token_auth_on
 
-    info = up(_ws(workspace), port, num_cpus, dashboard_port, ingress=ingress)
+    if host == "0.0.0.0" and not token_auth_on():
+        err_console.print("warning: --host 0.0.0.0 opens the head's GCS, dashboard (its Jobs API runs any code) and "
+                          "Ray Client ports to the network with Ray token auth off; anyone who reaches them controls "
+                          "this machine. Turn it on first: `ray get-auth-token --generate` (or RAY_AUTH_MODE=token "
+                          "with RAY_AUTH_TOKEN), then `rayline cluster up --host 0.0.0.0` again.", soft_wrap=True)
+    info = up(_ws(workspace), port, num_cpus, dashboard_port, ingress=ingress, host=host, client_port=client_port)
     verb = "started" if info["started"] else "already running"
-    console.print(f"Ray head {verb} at {info['address']}; `rayline run` will use it.")
+    where = "this machine only" if info.get("loopback", True) else f"{info.get('host')}, token auth {'on' if info.get('token_auth') else 'OFF'}"
+    console.print(f"Ray head {verb} at {info['address']} (bound to {where}); `rayline run` will use it.", soft_wrap=True)
+    if info.get("loopback"):  # Ray resolves 127.0.0.1 to the external address unless told (rayline/cluster.py)
+        console.print(f"Ray's own clients (`ray status --address {info['address']}`, ray.init) reach it with "
+                      "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 set.", soft_wrap=True)
 
 
 @cluster_app.command("down")

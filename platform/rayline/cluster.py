@@ -19,7 +19,8 @@ from pathlib import Path
 from rayline.errors import ClusterError
 from rayline.workspace import Workspace
 
-__all__ = ["Connection", "connect", "train_env", "serve_env", "INGRESS_CHOICES", "cluster_up", "cluster_down", "cluster_status", "quiet_ray", "quiet_driver_logs"]
+__all__ = ["Connection", "connect", "train_env", "serve_env", "INGRESS_CHOICES", "HOST_CHOICES", "cluster_up", "cluster_down",
+           "cluster_status", "token_auth_on", "quiet_ray", "quiet_driver_logs"]
 
 _TOKEN = Path.home() / ".ray" / "auth_token"
 
@@ -157,12 +158,43 @@ def quiet_driver_logs() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _recorded_head(ws: Workspace) -> str | None:
+def _read_record(ws: Workspace) -> dict | None:
     try:
         info = json.loads(ws.cluster_file.read_text())
     except (OSError, ValueError):
         return None
+    return info if isinstance(info, dict) else None
+
+
+def _recorded_head(ws: Workspace) -> str | None:
+    """The address of the head `cluster up` recorded, once its start has finished."""
+    info = _read_record(ws)
+    if not info or info.get("state") == "starting":
+        return None
     return info.get("address")
+
+
+# A head bound to loopback only. Ray refuses 127.0.0.1 as a node address on Linux
+# (`ray start --node-ip-address=127.0.0.1` is resolved to the machine's external address,
+# services.resolve_ip_for_localhost), so the GCS, the raylet and the Ray Client server listened on
+# every interface. With this variable at 0 -- Ray's single-machine mode, the default on macOS and
+# Windows -- the node address is 127.0.0.1, and Ray then binds the GCS and raylet gRPC servers
+# and the client server to loopback (measured: every listening socket of the head on 127.0.0.1).
+# Every Ray process that talks to such a head needs it too: a driver without it resolves
+# 127.0.0.1 to the external address and waits for a GCS that is not there.
+_SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _loopback_env() -> dict[str, str]:
+    return {_SINGLE_NODE_ENV: "0"}
+
+
+def _use_loopback_head() -> None:
+    """Make this process reach a loopback-only head (see _SINGLE_NODE_ENV)."""
+    os.environ.update(_loopback_env())
+    import ray._private.ray_constants as ray_constants  # read once at import; services.py reads it from here
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _enable_token_auth() -> None:
@@ -201,6 +233,8 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
     try:
         if address:
             _enable_token_auth()
+            if address == recorded and (_read_record(ws) or {}).get("loopback"):
+                _use_loopback_head()
             # A head from `rayline cluster up` already has train_env(); another cluster gets it per job.
             runtime_env = None if address == recorded else {"env_vars": train_env()}
             ray.init(address=address, log_to_driver=verbose, namespace="rayline", runtime_env=runtime_env)
@@ -233,55 +267,177 @@ def _head_temp_dir(ws: Workspace) -> str:
     return os.path.join("/tmp", f"rayline-{digest}")
 
 
-def _haproxy_dir(temp_dir: str) -> str:
+def _haproxy_dir(temp_dir: str, create: bool = True) -> str:
     # /tmp/rlhap-<digest>: beside the head's temp dir, short enough for HAProxy's socket paths.
     path = os.path.join("/tmp", "rlhap-" + os.path.basename(temp_dir).rsplit("-", 1)[-1])
-    os.makedirs(path, exist_ok=True)
+    if create:
+        os.makedirs(path, exist_ok=True)
     return path
 
 
+HOST_CHOICES = ("127.0.0.1", "0.0.0.0")
+_START_TIMEOUT_ENV = "RAYLINE_CLUSTER_START_TIMEOUT_S"
+# `ray start --head` took 9-12 s on the loaded 2-core machine; 180 s leaves room for a slow disk.
+_START_TIMEOUT_S = 180.0
+
+
+def _start_timeout() -> float:
+    raw = os.environ.get(_START_TIMEOUT_ENV)
+    if raw is None:
+        return _START_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ClusterError(f"{_START_TIMEOUT_ENV}: must be a number of seconds > 0 (got {raw!r})")
+    return value
+
+
+def _has_token() -> bool:
+    return bool(_TOKEN.exists() or os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"))
+
+
+def token_auth_on() -> bool:
+    """Whether a head `ray start` starts from this environment has Ray token auth on.
+
+    Ray 2.60's `ray start --head` turns it on when RAY_AUTH_MODE=token, or when RAY_AUTH_MODE is
+    unset and a token exists (~/.ray/auth_token, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH):
+    authentication_token_setup.maybe_enable_token_auth_if_token_available.
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return mode.strip().lower() == "token"
+    return _has_token()
+
+
 def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, dashboard_port: int = 8265,
-               ingress: str | None = None) -> dict:
+               ingress: str | None = None, host: str = "127.0.0.1", client_port: int = 10001) -> dict:
+    """Start a local Ray head for this workspace with `ray start --head` and record it.
+
+    `host` 127.0.0.1 (default): every port of the head listens on loopback only, the Ray Client
+    server's included (`client_port`). 0.0.0.0: on every interface, so other machines can join
+    and reach the dashboard (whose Jobs API runs arbitrary code): an explicit choice, recorded.
+    The head is recorded before `ray start` runs and whatever it started is stopped when it
+    fails, times out or is interrupted, so no head is ever left running unrecorded.
+    """
+    if host not in HOST_CHOICES:
+        raise ClusterError(f"--host: unsupported bind address (got {host!r}; allowed: {', '.join(HOST_CHOICES)})")
+    if not 1024 <= client_port <= 65535 or 10002 <= client_port <= 19999:
+        # Ray reserves 10002-19999 for worker ports and refuses a client port inside them.
+        raise ClusterError(f"--client-port: Ray Client server port out of range (got {client_port}; allowed: 10001, "
+                           "1024-10001 or 20000-65535: Ray's workers use 10002-19999)")
+    timeout_s = _start_timeout()
     ws.ensure()
-    existing = _recorded_head(ws)
-    if existing and cluster_status(ws).get("alive"):
-        return {"address": existing, "started": False}
+    record = _read_record(ws)
+    if record and record.get("state") != "starting" and cluster_status(ws).get("alive"):
+        return {**record, "started": False}
     temp_dir = _head_temp_dir(ws)
+    if record:  # recorded but not answering (or never finished starting): clear what is left of it
+        _stop_head(record)
+    _check_ports_free(host, {"--port": port, "--dashboard-port": dashboard_port, "--client-port": client_port})
+    loopback = host == "127.0.0.1"
+    address = f"127.0.0.1:{port}"
     cmd = [_ray_cli(), "start", "--head", f"--port={port}", "--disable-usage-stats", "--include-dashboard=true",
-           "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--node-ip-address=127.0.0.1",
+           f"--dashboard-host={host}", f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}",
            f"--temp-dir={temp_dir}"]
+    if loopback:
+        cmd.append("--node-ip-address=127.0.0.1")
     if num_cpus:
         cmd.append(f"--num-cpus={num_cpus}")
-    serve = serve_env(ingress, state_dir=_haproxy_dir(temp_dir))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, **train_env(), **serve})
+    env = {**os.environ, **train_env(), **serve_env(ingress, state_dir=_haproxy_dir(temp_dir))}
+    if loopback:
+        env.update(_loopback_env())
+    else:
+        env.pop(_SINGLE_NODE_ENV, None)
+    info = {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}", "temp_dir": temp_dir,
+            "host": host, "loopback": loopback, "client_port": client_port, "token_auth": token_auth_on(),
+            "haproxy_dir": _haproxy_dir(temp_dir, create=False)}
+    # Recorded first, as "starting": if this process is killed outright mid-start, `cluster down`
+    # still finds the head; `connect` ignores the record until the start has finished.
+    _write_record(ws, {**info, "state": "starting"})
+    what = f"`ray start --head --port={port}`"
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired as exc:
+        _abandon_start(ws, info)
+        raise ClusterError(f"{what}: no answer within {timeout_s:g} s; stopped what it had started "
+                           f"(allowed: a longer {_START_TIMEOUT_ENV})") from exc
+    except BaseException:  # KeyboardInterrupt (the CLI exits 130) or anything unexpected
+        _abandon_start(ws, info)
+        raise
     if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        raise ClusterError(f"`ray start --head --port={port}` failed: {lines[-1] if lines else proc.returncode}")
-    address = f"127.0.0.1:{port}"
-    info = {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}", "temp_dir": temp_dir}
-    tmp = ws.cluster_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, ws.cluster_file)
+        _abandon_start(ws, info)
+        raise ClusterError(f"{what} failed: {_failure_line(proc.stderr or proc.stdout) or f'exit code {proc.returncode}'}")
+    _write_record(ws, info)
     return {**info, "started": True}
 
 
-def _head_processes(temp_dir: str, port: str | None = None) -> list:
-    """Every process of the head whose Ray temp dir is `temp_dir` (GCS port `port`), workers included."""
+def _check_ports_free(host: str, ports: dict[str, int]) -> None:
+    """Name the port and its holder before `ray start` runs: on a taken GCS port it retried for
+    ~45 s and then printed a traceback ending in "Last connection error: None"."""
+    from rayline.ports import port_holder
+
+    for option, port in ports.items():
+        holder = port_holder(host, port)
+        if holder is not None:
+            raise ClusterError(f"{option}: port {port} on {host} is already in use (got {holder}; allowed: a free port)")
+
+
+def _failure_line(output: str) -> str:
+    """The line of `ray start`'s output that says what failed: its exception, else the last line."""
+    import re
+
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line)]
+    return (errors or lines or [""])[-1][:300]
+
+
+def _write_record(ws: Workspace, info: dict) -> None:
+    tmp = ws.cluster_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, ws.cluster_file)
+
+
+def _abandon_start(ws: Workspace, info: dict) -> None:
+    """Stop every process a failed, timed-out or interrupted `ray start` left, then forget it."""
+    try:
+        _stop_head(info)
+    except KeyboardInterrupt:  # a second Ctrl-C: keep the record so `cluster down` can finish
+        raise
+    ws.cluster_file.unlink(missing_ok=True)
+
+
+def _writes_under(proc, dirs: tuple[str, ...]) -> bool:
+    """Whether the process's stdout or stderr is a file under one of `dirs` (Ray redirects
+    every process it starts to its session's log dir)."""
+    for fd in (1, 2):
+        try:
+            target = os.readlink(f"/proc/{proc.pid}/fd/{fd}")
+        except OSError:
+            continue
+        if any(target.startswith(d.rstrip("/") + "/") for d in dirs):
+            return True
+    return False
+
+
+def _head_processes(temp_dir: str, port: str | None = None, haproxy_dir: str | None = None) -> list:
+    """Every process of the head whose Ray temp dir is `temp_dir`, workers and the HAProxy Serve
+    runs for it (state in `haproxy_dir`) included. `port` (the GCS port) is not used to match:
+    another head on the same port (a failed `up`) would lose its client server."""
     import psutil
 
+    dirs = tuple(d for d in (temp_dir, haproxy_dir) if d)
     roots = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
             cmdline = proc.info["cmdline"] or ()
-            if any(temp_dir in arg for arg in cmdline):
+            # Ray's client server is started re-parented to init and its command line names only
+            # the GCS address: it was left running after every up/down pair. Like every process
+            # `ray start` starts, its stdout and stderr are files in the head's session log dir.
+            if any(d in arg for arg in cmdline for d in dirs) or _writes_under(proc, dirs):
                 roots.append(proc)
-            # Ray's client server (port 10001) is started re-parented to init, and its command
-            # line names only the head's GCS address (on the machine's external IP): seen left
-            # running after every up/down pair until it was matched by that port.
-            elif port and "ray.util.client.server" in cmdline and any(
-                    arg.startswith("--address=") and arg.endswith(f":{port}") for arg in cmdline):
-                roots.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     # Workers rename themselves (`ray::...`) and lose the temp dir from their command
     # line; they are children of the raylet.
@@ -295,39 +451,83 @@ def _head_processes(temp_dir: str, port: str | None = None) -> list:
     return list(found.values())
 
 
-def cluster_down(ws: Workspace, grace_s: float = 15.0) -> bool:
-    """Stop the head `cluster up` started for this workspace, and nothing else."""
+# The GCS answers SIGTERM only after its clients are gone (measured: the GCS of an idle head
+# still running 20 s after every process got SIGTERM at once), so it is stopped last.
+_STOP_GRACE_S = 10.0
+
+
+def _stop_head(info: dict, grace_s: float = _STOP_GRACE_S) -> list:
+    """SIGTERM every process of the recorded head, the GCS last, SIGKILL what outlives `grace_s`;
+    return the processes still there after that (normally none)."""
     import psutil
 
-    try:
-        info = json.loads(ws.cluster_file.read_text())
-    except (OSError, ValueError):
-        return False
     temp_dir = info.get("temp_dir")
     if not temp_dir:
-        raise ClusterError(f"{ws.cluster_file} names no Ray temp dir (written by an older rayline); stop that head with `ray stop`")
-    procs = _head_processes(temp_dir, str(info.get("address", "")).rpartition(":")[2] or None)
-    for proc in procs:
+        return []
+    port = str(info.get("address", "")).rpartition(":")[2] or None
+    haproxy_dir = info.get("haproxy_dir") or _haproxy_dir(temp_dir, create=False)
+
+    def signal_all(procs, sig):
+        for proc in procs:
+            try:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
+    def is_gcs(proc):
         try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
+            return proc.name() == "gcs_server"
+        except psutil.Error:
+            return False
+
+    procs = _head_processes(temp_dir, port, haproxy_dir)
+    others = [p for p in procs if not is_gcs(p)]
+    gcs = [p for p in procs if is_gcs(p)]
+    signal_all(others, signal.SIGTERM)
+    _, alive = psutil.wait_procs(others, timeout=grace_s)
+    signal_all(alive, signal.SIGKILL)
     psutil.wait_procs(alive, timeout=5)
-    shutil.rmtree(_haproxy_dir(temp_dir), ignore_errors=True)
+    signal_all(gcs, signal.SIGTERM)
+    _, alive = psutil.wait_procs(gcs, timeout=grace_s / 2)
+    signal_all(alive, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=5)
+    # Whatever started in between (a worker the raylet forked while stopping).
+    left = _head_processes(temp_dir, port, haproxy_dir)
+    signal_all(left, signal.SIGKILL)
+    _, still = psutil.wait_procs(left, timeout=5)
+    shutil.rmtree(haproxy_dir, ignore_errors=True)
+    return still
+
+
+def cluster_down(ws: Workspace, grace_s: float = _STOP_GRACE_S) -> bool:
+    """Stop the head `cluster up` started for this workspace, and nothing else; wait until
+    every one of its processes is gone (bounded: about 2 x grace_s + 15 s)."""
+    info = _read_record(ws)
+    if info is None:
+        return False
+    if not info.get("temp_dir"):
+        raise ClusterError(f"{ws.cluster_file}: names no Ray temp dir (written by an older rayline); stop that head with `ray stop`")
+    still = _stop_head(info, grace_s)
+    if still:
+        pids = ", ".join(str(p.pid) for p in still)
+        raise ClusterError(f"cluster down: processes of the head at {info.get('address')} would not stop (got pids {pids}; "
+                           "allowed: none left; stop them by pid)")
     ws.cluster_file.unlink(missing_ok=True)
     return True
 
 
 def cluster_status(ws: Workspace) -> dict:
+    info = _read_record(ws)
     address = _recorded_head(ws)
     if not address:
         return {"alive": False, "address": None}
     _enable_token_auth()
-    proc = subprocess.run([_ray_cli(), "status", f"--address={address}"], capture_output=True, text=True, timeout=60)
-    return {"alive": proc.returncode == 0, "address": address, "detail": proc.stdout.strip()}
+    env = {**os.environ, **(_loopback_env() if info.get("loopback") else {})}
+    try:
+        proc = subprocess.run([_ray_cli(), "status", f"--address={address}"], capture_output=True, text=True,
+                              timeout=60, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise ClusterError(f"`ray status --address={address}`: no answer within 60 s (the head may be overloaded; "
+                           "try again, or `rayline cluster down`)") from exc
+    return {"alive": proc.returncode == 0, "address": address, "detail": proc.stdout.strip(),
+            **{k: info[k] for k in ("host", "loopback", "token_auth", "client_port") if k in info}}

@@ -9,31 +9,80 @@ so each head here is up only while nothing else trains.
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import httpx
+import psutil
+import pytest
 
 from .conftest import ROOT
 
-HEAD_PORTS = (6390, 6391)
-DASHBOARD_PORTS = (8275, 8276)
-SERVE_PORT = 8767
-QUICK_START_PORT = 8768
+# Ports of the heads these tests start (env overrides: for parallel runs on one machine).
+_GCS = int(os.environ.get("RAYLINE_TEST_GCS_PORT", "6390"))
+_DASH = int(os.environ.get("RAYLINE_TEST_DASHBOARD_PORT", "8275"))
+_CLIENT = int(os.environ.get("RAYLINE_TEST_CLIENT_PORT", "20401"))  # outside Ray's worker ports 10002-19999
+HEAD_PORTS = (_GCS, _GCS + 1, _GCS + 2, _GCS + 3)
+DASHBOARD_PORTS = (_DASH, _DASH + 1, _DASH + 2, _DASH + 3)
+CLIENT_PORTS = (_CLIENT, _CLIENT + 1, _CLIENT + 2, _CLIENT + 3)
+SERVE_PORT = int(os.environ.get("RAYLINE_TEST_PORT", "8765")) + 2
+QUICK_START_PORT = SERVE_PORT + 1
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 
 
-def _cli(ws, *args, timeout=600):
-    env = {**os.environ, "RAYLINE_WORKSPACE": str(ws)}
+def _cli(ws, *args, timeout=600, env=None):
+    env = {**os.environ, "RAYLINE_WORKSPACE": str(ws), **(env or {})}
     env.pop("RAY_ADDRESS", None)
     return subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=timeout)
 
 
-def _up(ws, i):
-    proc = _cli(ws, "cluster", "up", f"--port={HEAD_PORTS[i]}", f"--dashboard-port={DASHBOARD_PORTS[i]}", "--num-cpus=2")
+def _up(ws, i, *extra, env=None):
+    proc = _cli(ws, "cluster", "up", f"--port={HEAD_PORTS[i]}", f"--dashboard-port={DASHBOARD_PORTS[i]}", "--num-cpus=2",
+                f"--client-port={CLIENT_PORTS[i]}", *extra, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads((ws / "cluster.json").read_text())
+
+
+def _head_temp_dir(ws):
+    from rayline.cluster import _head_temp_dir
+    from rayline.workspace import workspace
+
+    return _head_temp_dir(workspace(ws))
+
+
+def _processes_naming(temp_dir, port):
+    """Every process on the machine whose command line names the head's temp dir, its HAProxy
+    state dir or its GCS port, or whose output goes to the temp dir: independent of rayline's
+    own matching, so a process `cluster down` misses is caught here."""
+    haproxy_dir = "/tmp/rlhap-" + temp_dir.rsplit("-", 1)[-1]
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            line = " ".join(proc.info["cmdline"] or ())
+            outputs = [os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in (1, 2) if os.path.exists(f"/proc/{proc.pid}/fd/{fd}")]
+        except (psutil.Error, OSError):
+            continue
+        if proc.pid == os.getpid():
+            continue
+        if (temp_dir in line or haproxy_dir in line or f":{port} " in line + " " or f"--port={port}" in line
+                or any(o.startswith(temp_dir + "/") for o in outputs)):
+            found.append(f"{proc.pid}: {line[:200]}")
+    return found
+
+
+def _non_loopback_listeners(procs):
+    bad = []
+    for proc in procs:
+        try:
+            for conn in proc.net_connections("inet"):
+                if conn.status == psutil.CONN_LISTEN and conn.laddr.ip not in LOOPBACK:
+                    bad.append(f"{proc.pid} {proc.name()}: {conn.laddr.ip}:{conn.laddr.port}")
+        except psutil.Error:
+            continue
+    return bad
 
 
 def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
@@ -55,21 +104,190 @@ def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
         assert response.status_code == 200, response.text
         assert response.json()["model"] == "diabetes" and isinstance(response.json()["predictions"][0], float)
 
-        # A second head on the same machine must survive the first one's `down`.
-        info_b = _up(ws_b, 1)
+        # Serve already runs there on SERVE_PORT: deploying with another port must print the
+        # address where the app really is (Ray ignores the new HTTP options).
+        other = _deploy(ws_a, OTHER_SERVE_PORT)
+        assert other.returncode == 0 and f"URL http://127.0.0.1:{SERVE_PORT}/diabetes" in other.stdout, other.stdout + other.stderr[-3000:]
+        assert httpx.get(f"http://127.0.0.1:{SERVE_PORT}/diabetes/health", timeout=30).status_code == 200
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{OTHER_SERVE_PORT}/diabetes/health", timeout=5)
+
+        # A second head on the same machine must survive the first one's `down`. This one is
+        # open to the network, an explicit choice: recorded, and warned about with auth off.
+        exposed = _cli(ws_b, "cluster", "up", f"--port={HEAD_PORTS[1]}", f"--dashboard-port={DASHBOARD_PORTS[1]}",
+                       "--num-cpus=1", f"--client-port={CLIENT_PORTS[1]}", "--host=0.0.0.0", env=NO_AUTH)
+        assert exposed.returncode == 0, exposed.stdout + exposed.stderr
+        warning = " ".join(exposed.stderr.split())
+        assert warning.startswith("warning: --host 0.0.0.0") and "ray get-auth-token --generate" in warning, warning
+        assert exposed.stderr.count("\n") == 1  # one line, also when stderr is not a terminal
+        assert "token auth OFF" in exposed.stdout
+        info_b = json.loads((ws_b / "cluster.json").read_text())
+        assert info_b["host"] == "0.0.0.0" and info_b["loopback"] is False and info_b["token_auth"] is False
         assert _head_processes(info_a["temp_dir"]) and _head_processes(info_b["temp_dir"])
+        # No Serve on head B yet, and its port is held by a process that is not Serve: an error
+        # naming the port and the holder, before anything deploys.
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", HELD_PORT))
+            holder.listen()
+            held = _deploy(ws_b, HELD_PORT, env=NO_AUTH)
+        assert held.returncode == 0, held.stdout + held.stderr[-3000:]
+        assert f"ServeError --port: 127.0.0.1:{HELD_PORT} is already in use by another process" in held.stdout, held.stdout
+        assert f"pid {os.getpid()}:" in held.stdout and "URL" not in held.stdout
+
         down = _cli(ws_a, "cluster", "down")
         assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
         # Every process of that head, Ray's client server (re-parented to init) included.
-        assert _head_processes(info_a["temp_dir"], str(HEAD_PORTS[0])) == []
+        left = _processes_naming(info_a["temp_dir"], HEAD_PORTS[0])
+        assert left == [], "\n".join(left)
         assert not (ws_a / "cluster.json").exists()
         assert _cli(ws_a, "cluster", "status").returncode == 1
-        assert _cli(ws_b, "cluster", "status").returncode == 0
+        assert _cli(ws_b, "cluster", "status", env=NO_AUTH).returncode == 0
     finally:
         for ws in (ws_a, ws_b):
             if (ws / "cluster.json").exists():
                 _cli(ws, "cluster", "down")
-    assert info_b and _head_processes(info_b["temp_dir"], str(HEAD_PORTS[1])) == []
+    assert info_b
+    left = _processes_naming(info_b["temp_dir"], HEAD_PORTS[1])
+    assert left == [], "\n".join(left)
+
+
+NO_AUTH = {"RAY_AUTH_MODE": "disabled"}
+OTHER_SERVE_PORT = QUICK_START_PORT + 2
+HELD_PORT = QUICK_START_PORT + 3
+
+# rayline.serve.app.deploy of the registered diabetes v1, from a driver on the workspace's head.
+_DEPLOY_DRIVER = """
+import sys
+from rayline.cluster import connect
+from rayline.errors import ServeError
+from rayline.serve.app import deploy
+from rayline.spec import load_spec
+from rayline.workspace import workspace
+
+ws = workspace(None)
+conn = connect(ws)
+try:
+    print("URL", deploy(load_spec("pipelines/diabetes-torch.yaml"), "1", ws, "127.0.0.1", int(sys.argv[1])))
+except ServeError as exc:
+    print("ServeError", " ".join(str(exc).split()))
+finally:
+    conn.shutdown()
+"""
+
+
+def _deploy(ws, port, env=None):
+    env = {**os.environ, "RAYLINE_WORKSPACE": str(ws), **(env or {})}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, "-c", _DEPLOY_DRIVER, str(port)], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+
+# A Serve app on the head, so that HAProxy runs too (state in the head's rlhap dir).
+_SERVE_DRIVER = """
+import sys
+import httpx
+from ray import serve
+from rayline.cluster import connect
+from rayline.workspace import workspace
+
+conn = connect(workspace(None))
+@serve.deployment(ray_actor_options={"num_cpus": 0.1})
+def hi(request):
+    return "hi"
+serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[1])})
+serve.run(hi.bind(), name="hi", route_prefix="/hi", blocking=False)
+print(httpx.get(f"http://127.0.0.1:{sys.argv[1]}/hi", timeout=60).text)
+conn.shutdown()
+"""
+
+
+def test_default_head_listens_on_loopback_only_and_down_stops_every_process(tmp_path):
+    """`cluster up` binds every port of the head to 127.0.0.1 (the Ray Client server's too), and
+    `cluster down` leaves no process of it: GCS, raylet, dashboard, client server, HAProxy."""
+    from rayline.cluster import _head_processes
+
+    ws = tmp_path / "lo"
+    info = _up(ws, 2)
+    port = HEAD_PORTS[2]
+    try:
+        assert info["loopback"] is True and info["host"] == "127.0.0.1"
+        procs = _head_processes(info["temp_dir"], str(port), info["haproxy_dir"])
+        names = {p.pid: " ".join(p.cmdline()) for p in procs}
+        assert any("ray.util.client.server" in line and f"--port={CLIENT_PORTS[2]}" in line for line in names.values())
+        assert any("gcs_server" in line for line in names.values()) and any("dashboard.py" in line for line in names.values())
+        bad = _non_loopback_listeners(procs)
+        assert bad == [], "listening beyond loopback:\n" + "\n".join(bad)
+
+        # `rayline` connects to the loopback-only head (Ray resolves 127.0.0.1 to the external
+        # address unless told otherwise) and Serve starts HAProxy there.
+        serve_port = QUICK_START_PORT + 1
+        env = {**os.environ, "RAYLINE_WORKSPACE": str(ws)}
+        env.pop("RAY_ADDRESS", None)
+        drv = subprocess.run([sys.executable, "-c", _SERVE_DRIVER, str(serve_port)], capture_output=True, text=True,
+                             cwd=ROOT, env=env, timeout=300)
+        assert drv.returncode == 0 and drv.stdout.strip().endswith("hi"), drv.stdout[-2000:] + drv.stderr[-3000:]
+        procs = _head_processes(info["temp_dir"], str(port), info["haproxy_dir"])
+        assert any(p.name() == "haproxy" for p in procs), [p.name() for p in procs]
+        pids = [p.pid for p in procs]
+
+        started = time.monotonic()
+        down = _cli(ws, "cluster", "down")
+        took = time.monotonic() - started
+        assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
+        assert took < 60, f"cluster down took {took:.0f} s"
+    finally:
+        if (ws / "cluster.json").exists():
+            _cli(ws, "cluster", "down")
+    left = _processes_naming(info["temp_dir"], port)
+    assert left == [], "left running after `cluster down`:\n" + "\n".join(left)
+    survivors = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert survivors == []
+    assert not os.path.exists(info["haproxy_dir"])
+
+
+def _sessions(temp_dir):
+    return [n for n in os.listdir(temp_dir) if n.startswith("session_2")] if os.path.isdir(temp_dir) else []
+
+
+def test_up_that_times_out_stops_what_it_started_and_records_nothing(tmp_path):
+    ws = tmp_path / "slow"
+    temp_dir = _head_temp_dir(ws)
+    # `ray start --head` takes 9-15 s here: 5 s cuts it off after it has started the GCS.
+    proc = _cli(ws, "cluster", "up", f"--port={HEAD_PORTS[3]}", f"--dashboard-port={DASHBOARD_PORTS[3]}",
+                f"--client-port={CLIENT_PORTS[3]}", env={"RAYLINE_CLUSTER_START_TIMEOUT_S": "5"}, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # One message (rich wraps it at 80 columns when stderr is not a terminal), no traceback.
+    assert "Traceback" not in proc.stderr and proc.stderr.count("error:") == 1, proc.stderr
+    assert "no answer within 5 s; stopped what it had started" in " ".join(proc.stderr.split())
+    assert _sessions(temp_dir), "ray start had not started a session: the test proves nothing"
+    assert not (ws / "cluster.json").exists()
+    left = _processes_naming(temp_dir, HEAD_PORTS[3])
+    assert left == [], "left running:\n" + "\n".join(left)
+
+
+def test_ctrl_c_during_up_stops_what_it_started_and_exits_130(tmp_path):
+    ws = tmp_path / "int"
+    temp_dir = _head_temp_dir(ws)
+    env = {**os.environ, "RAYLINE_WORKSPACE": str(ws)}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "rayline.cli", "cluster", "up", f"--port={HEAD_PORTS[3]}",
+                             f"--dashboard-port={DASHBOARD_PORTS[3]}", f"--client-port={CLIENT_PORTS[3]}"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _sessions(temp_dir):  # the GCS has started: interrupt mid-start
+            assert proc.poll() is None and time.monotonic() < deadline, "ray start finished or never began"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err, err
+    assert not (ws / "cluster.json").exists()
+    left = _processes_naming(temp_dir, HEAD_PORTS[3])
+    assert left == [], "left running:\n" + "\n".join(left)
 
 
 def test_quick_start_serves_until_ctrl_c(tmp_path):

@@ -160,8 +160,15 @@ def build_app(args: dict[str, Any]):
 
 
 def deploy(spec, version: str, ws, host: str, port: int) -> str:
-    """Deploy `version` of model `spec.name` at `spec.route`; return the endpoint URL."""
+    """Deploy `version` of model `spec.name` at `spec.route`; return the endpoint URL.
+
+    The URL is where the app really answers: a Serve already running on the cluster keeps its
+    own host and port (Ray ignores new HTTP options), and a port another process holds is a
+    ServeError before anything deploys (rayline/serve/address.py)."""
+    from rayline.serve.address import serve_address
     from rayline.spec import ServeSpec
+
+    address = serve_address(host, port)
 
     serve_spec = spec.serve or ServeSpec()
     args = {
@@ -174,14 +181,15 @@ def deploy(spec, version: str, ws, host: str, port: int) -> str:
     }
     _wait_for_replica_resources(spec.name, serve_spec.resources_per_replica.cpus, max(1, serve_spec.replicas.min))
     try:
-        serve.start(http_options={"host": host, "port": port})
+        if not address.existing:
+            serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(args), name=spec.name, route_prefix=spec.route, blocking=False)
     except Exception as exc:
         from rayline.serve.status import deployment_failure  # Serve's own message hides the replica's error
 
         reason = deployment_failure(spec.name) or str(exc).strip().splitlines()[-1]
-        raise ServeError(f"deploying {spec.name} v{version} at {spec.route} failed: {reason}") from None
-    return f"http://{host}:{port}{spec.route}"
+        raise ServeError(f"deploying {spec.name} v{version} at {spec.route} failed: {reason}") from exc
+    return address.url(spec.route, host)
 
 
 def _wait_for_replica_resources(name: str, cpus: float, replicas: int, timeout_s: float = 60.0) -> None:

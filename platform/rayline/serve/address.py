@@ -1,0 +1,83 @@
+"""Where Serve answers HTTP on the connected cluster, so the printed endpoint is the real one.
+
+Ray Serve keeps the HTTP options of the Serve instance already running on a cluster and only
+logs a warning when `serve.start` asks for others ("The new HTTP config is ignored"): rayline
+printed the requested port, a URL where nothing of ours listens. And when the port is held by
+a process that is not Serve, Serve's proxy cannot bind it while the app still deploys: the
+printed URL then belonged to that other process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rayline.errors import ServeError
+
+__all__ = ["ServeAddress", "serve_address", "check_port_free"]
+
+_WILDCARD = ("0.0.0.0", "::", "")
+
+
+@dataclass(frozen=True)
+class ServeAddress:
+    host: str
+    port: int
+    existing: bool  # True: a Serve already running on the cluster fixed this address
+
+    def url(self, route: str, requested_host: str) -> str:
+        # A wildcard bind is reached at the host the user asked for (or loopback).
+        host = self.host
+        if host in _WILDCARD:
+            host = requested_host if requested_host not in _WILDCARD else "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}{route}"
+
+
+def _running_serve_http():
+    """(host, port) of the Serve already running on the connected cluster, else None."""
+    try:
+        from ray.serve.context import _get_global_client
+    except ImportError:  # moved in another Ray: behave as before (Serve's own warning)
+        return None
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        return None
+    config = client.http_config
+    return config.host or "127.0.0.1", int(config.port)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise ServeError naming the holder when (host, port) cannot be bound on this machine."""
+    from rayline.ports import port_holder
+
+    holder = port_holder(host, port)
+    if holder is not None:
+        raise ServeError(f"--port: {host}:{port} is already in use by another process, so Serve cannot listen "
+                         f"there (got {holder}; allowed: a free port, or stop that process)")
+
+
+def _serve_runs_here() -> bool:
+    """Whether a Serve proxy of the connected cluster would run on this machine (embedded Ray,
+    `rayline cluster up`): only then can a local process hold its port."""
+    import psutil
+    import ray
+
+    local = {"127.0.0.1", "::1"}
+    try:
+        for addrs in psutil.net_if_addrs().values():
+            local.update(a.address.split("%")[0] for a in addrs)
+        return any(node.get("Alive") and node.get("NodeManagerAddress") in local for node in ray.nodes())
+    except Exception:  # cannot tell: do not block a deploy on a guess
+        return False
+
+
+def serve_address(host: str, port: int) -> ServeAddress:
+    """Where Serve will answer once deployed: an already-running Serve's own address, else
+    (host, port) after checking that no other process holds that port."""
+    running = _running_serve_http()
+    if running is not None:
+        return ServeAddress(running[0], running[1], existing=True)
+    if _serve_runs_here():
+        check_port_free(host, port)
+    return ServeAddress(host, port, existing=False)
