@@ -64,6 +64,10 @@ def test_missing_file(tmp_path):
     assert _problems(tmp_path / "nope" / "spec.yaml").problems[0].startswith("(file): no such spec file")
 
 
+def test_invalid_file_name():
+    assert _problems(Path("a\x00b.yaml")).problems == ["(file): not a valid file name (got 'a\\x00b.yaml')"]
+
+
 def test_fifo_is_rejected_without_blocking(tmp_path):
     path = tmp_path / "spec.yaml"
     os.mkfifo(path)  # nobody writes: reading it would block forever

@@ -37,6 +37,8 @@ def read_spec_text(path: Path) -> str:
         raise SpecError([Problem(("(file)",), "no such spec file", got=repr(str(path)))]) from exc
     except OSError as exc:
         raise _file_problem(f"cannot read the spec file: {exc.strerror or exc}", path) from exc
+    except ValueError as exc:  # a NUL byte in the name
+        raise _file_problem("not a valid file name", path) from exc
     if stat.S_ISDIR(info.st_mode):
         raise _file_problem("is a directory, not a spec file", path, allowed="a YAML file")
     if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block or never end

@@ -159,7 +159,7 @@ def set_paths(raw: dict, overrides: dict[str, Any]) -> None:
 
     Raises SpecProblem naming the override when a parent on the way is not a mapping.
     """
-    from rayline.spec.problems import problem
+    from rayline.spec.problems import problem  # problems.py imports this module
 
     for path, value in overrides.items():
         node = raw
