@@ -108,6 +108,7 @@ def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
         # address where the app really is (Ray ignores the new HTTP options).
         other = _deploy(ws_a, OTHER_SERVE_PORT)
         assert other.returncode == 0 and f"URL http://127.0.0.1:{SERVE_PORT}/diabetes" in other.stdout, other.stdout + other.stderr[-3000:]
+        assert f"Serve already runs on this cluster at 127.0.0.1:{SERVE_PORT}; the requested 127.0.0.1:{OTHER_SERVE_PORT} is ignored" in other.stderr
         assert httpx.get(f"http://127.0.0.1:{SERVE_PORT}/diabetes/health", timeout=30).status_code == 200
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{OTHER_SERVE_PORT}/diabetes/health", timeout=5)

@@ -77,6 +77,12 @@ def serve_address(host: str, port: int) -> ServeAddress:
     (host, port) after checking that no other process holds that port."""
     running = _running_serve_http()
     if running is not None:
+        if running[1] != port or running[0] not in (host, *_WILDCARD):
+            import logging
+
+            logging.getLogger("rayline.serve").warning(
+                "Serve already runs on this cluster at %s:%s; the requested %s:%s is ignored (Ray keeps the HTTP "
+                "options of a running Serve; to move it, stop Serve on the cluster first)", running[0], running[1], host, port)
         return ServeAddress(running[0], running[1], existing=True)
     if _serve_runs_here():
         check_port_free(host, port)
