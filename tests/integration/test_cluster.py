@@ -1,5 +1,8 @@
 """The CLI as users run it, in subprocesses: the README's quick start on an embedded Ray
-(serves until Ctrl-C), and `rayline cluster up|status|down` with `rayline run` on a cluster.
+(serves until Ctrl-C), and `rayline cluster up|status|down` with `rayline run` on a cluster:
+a head listens on loopback only unless --host 0.0.0.0 is asked for (warned about, recorded),
+`down` leaves no process of it, a `ray start` that times out or is interrupted leaves nothing,
+and deploying prints where Serve really listens or names the process holding the port.
 
 Runs before the other integration modules (file order) and never touches the session's
 embedded Ray: while two Ray instances share a machine, Ray's state API refuses to pick one,
