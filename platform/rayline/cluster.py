@@ -325,7 +325,7 @@ def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, das
         raise ClusterError(f"--host: unsupported bind address (got {host!r}; allowed: {', '.join(HOST_CHOICES)})")
     if not 1024 <= client_port <= 65535 or 10002 <= client_port <= 19999:
         # Ray reserves 10002-19999 for worker ports and refuses a client port inside them.
-        raise ClusterError(f"--client-port: Ray Client server port out of range (got {client_port}; allowed: 10001, "
+        raise ClusterError(f"--client-port: Ray Client server port out of range (got {client_port}; allowed: "
                            "1024-10001 or 20000-65535: Ray's workers use 10002-19999)")
     timeout_s = _start_timeout()
     ws.ensure()

@@ -326,3 +326,27 @@ def test_quick_start_serves_until_ctrl_c(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--host=10.0.0.1"], None, "error: --host: unsupported bind address (got '10.0.0.1'; allowed: 127.0.0.1, 0.0.0.0)"),
+    (["--client-port=12000"], None, "error: --client-port: Ray Client server port out of range (got 12000;"),
+    ([], {"RAYLINE_CLUSTER_START_TIMEOUT_S": "soon"}, "error: RAYLINE_CLUSTER_START_TIMEOUT_S: must be a number of seconds > 0"),
+])
+def test_up_rejects_bad_settings_before_starting_anything(tmp_path, args, env, message):
+    proc = _cli(tmp_path / "ws", "cluster", "up", f"--port={HEAD_PORTS[3]}", *args, env=env, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert " ".join(proc.stderr.split()).startswith(message), proc.stderr
+    assert not (tmp_path / "ws" / "cluster.json").exists()
+
+
+def test_up_names_the_process_holding_a_port_before_ray_start(tmp_path):
+    # `ray start` itself retried ~45 s on a taken GCS port, then printed a traceback.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", HEAD_PORTS[3]))
+        holder.listen()
+        proc = _cli(tmp_path / "ws", "cluster", "up", f"--port={HEAD_PORTS[3]}", timeout=120)
+    text = " ".join(proc.stderr.split())
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert text.startswith(f"error: --port: port {HEAD_PORTS[3]} on 127.0.0.1 is already in use (got pid {os.getpid()}:"), text
+    assert not (tmp_path / "ws" / "cluster.json").exists()
