@@ -67,6 +67,20 @@ def test_malformed_json_lines_after_the_sample_fail_the_data_stage_naming_the_li
     assert "\n" not in str(info.value)
 
 
+def test_a_malformed_csv_fails_the_data_stage_with_one_line_naming_the_file(ray_session, tmp_path):
+    from rayline.data.sources import read_dataset
+    from rayline.errors import DataError
+
+    class Source:
+        format, name, path = "csv", None, str(tmp_path / "rows.csv")
+
+    (tmp_path / "rows.csv").write_text("x1,y\n1,no\n2,yes,3\n")
+    with pytest.raises(DataError) as info:
+        read_dataset(Source)
+    assert "Failed to read CSV file: " + str(tmp_path / "rows.csv") in str(info.value)
+    assert "\n" not in str(info.value) and "ray::" not in str(info.value)
+
+
 # ---------------------------------------------------------------- the real CLI against the digits endpoint
 
 

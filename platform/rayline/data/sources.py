@@ -408,18 +408,19 @@ def read_dataset(source):
     try:
         # resolve_paths already chose the files: Ray's suffix filters would drop .pq / .ndjson
         if source.format == "csv":
-            return ray.data.read_csv(files, file_extensions=None, convert_options=_csv_convert_options())
-        if source.format == "parquet":
-            return ray.data.read_parquet(files, file_extensions=None)
-        if any(is_uri(f) for f in files):
-            return ray.data.read_json(files, file_extensions=None)  # Arrow for lines, json.load for arrays
-        array_ds, lines_ds = _json_datasources()
-        arrays = [f for f in files if _is_json_array(f)]
-        lines = [f for f in files if f not in set(arrays)]
-        parts = [ray.data.read_datasource(cls(group, file_extensions=None))
-                 for cls, group in ((array_ds, arrays), (lines_ds, lines)) if group]
-        ds = parts[0] if len(parts) == 1 else parts[0].union(*parts[1:])
-        # Reads the first block now, so a malformed (first) file fails here with our one-line
+            ds = ray.data.read_csv(files, file_extensions=None, convert_options=_csv_convert_options())
+        elif source.format == "parquet":
+            ds = ray.data.read_parquet(files, file_extensions=None)
+        elif any(is_uri(f) for f in files):
+            ds = ray.data.read_json(files, file_extensions=None)  # Arrow for lines, json.load for arrays
+        else:
+            array_ds, lines_ds = _json_datasources()
+            arrays = [f for f in files if _is_json_array(f)]
+            lines = [f for f in files if f not in set(arrays)]
+            parts = [ray.data.read_datasource(cls(group, file_extensions=None))
+                     for cls, group in ((array_ds, arrays), (lines_ds, lines)) if group]
+            ds = parts[0] if len(parts) == 1 else parts[0].union(*parts[1:])
+        # Reads the first block now, so a malformed (first) file fails here with a one-line
         # message rather than as a Ray task traceback wherever the Dataset is first consumed.
         ds.schema()
         return ds
@@ -447,9 +448,17 @@ def unwrap_data_error(exc: BaseException, source=None) -> DataError:
         marker = "rayline.errors.DataError: "
         if marker in text:
             return DataError(text.split(marker, 1)[1].strip().splitlines()[0])
-    first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    # A Ray task's own error (e.g. "Failed to read CSV file: x.csv ...") and what caused it
+    # (Arrow's "CSV parse error: Expected 2 columns, got 3: ..."), first lines only.
+    inner = getattr(exc, "cause", None) or exc
+    parts = [_first_line(inner)] + ([_first_line(inner.__cause__)] if inner.__cause__ is not None else [])
     where = f"data.source.path: cannot read {source.format} data {source.path!r}" if source is not None else "data"
-    return DataError(f"{where}: {first}")
+    return DataError(f"{where}: " + ": ".join(parts))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return text or type(exc).__name__
 
 
 def fingerprint(source) -> str:
