@@ -35,6 +35,19 @@ QUICK_START_PORT = SERVE_PORT + 1
 LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 
 
+@pytest.fixture(autouse=True)
+def _remove_head_dirs(tmp_path):
+    """The Ray session logs and HAProxy state of the heads a test started (after their `down`)."""
+    yield
+    import shutil
+
+    for ws in tmp_path.iterdir():
+        if ws.is_dir():
+            temp_dir = _head_temp_dir(ws)
+            for path in (temp_dir, "/tmp/rlhap-" + temp_dir.rsplit("-", 1)[-1]):
+                shutil.rmtree(path, ignore_errors=True)
+
+
 def _cli(ws, *args, timeout=600, env=None):
     env = {**os.environ, "RAYLINE_WORKSPACE": str(ws), **(env or {})}
     env.pop("RAY_ADDRESS", None)
