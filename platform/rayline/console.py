@@ -15,8 +15,13 @@ __all__ = ["console", "err_console", "styled", "plain_console"]
 
 
 def plain_console(*, stderr: bool = False) -> Console:
-    """A console that prints strings verbatim: no markup, no emoji codes, no highlighting."""
-    return Console(stderr=stderr, markup=False, emoji=False, highlight=False)
+    """A console that prints strings verbatim: no markup, no emoji codes, no highlighting.
+
+    soft_wrap: a message is never cut into lines at the terminal width (80 columns when
+    output is not a terminal, as in CI logs), so a one-line error stays one line. Tables
+    still lay out to the width.
+    """
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 
 console = plain_console()

@@ -104,3 +104,12 @@ def test_an_unexpected_exception_is_one_line_with_a_hint(monkeypatch, capsys):
     assert "internal error: ZeroDivisionError: division by zero" in err and "RAYLINE_DEBUG=1" in err
     code, err = _run_main(monkeypatch, capsys, lambda: ZeroDivisionError("division by zero"), debug=True)
     assert "Traceback" in err and "ZeroDivisionError" in err
+
+
+def test_a_long_error_stays_one_line_when_output_is_not_a_terminal(tmp_path):
+    long_name = "x" * 150
+    (tmp_path / "s.yaml").write_text(f'name: "{long_name}"\n')
+    out = rayline("validate", "s.yaml", cwd=tmp_path)
+    assert out.returncode == 2
+    line = next(ln for ln in out.stderr.splitlines() if ln.lstrip().startswith("name:"))
+    assert long_name in line and line.rstrip().endswith(")")
