@@ -219,7 +219,9 @@ def run_pipeline(
         seconds["train"] = time.monotonic() - t0
         on_stage("train", "done", f"best {metric}={winner.metrics[metric]:.4f} (epoch {winner.metrics['epoch']:g})")
 
-        on_stage("register", "start", ws.tracking_uri)
+        from rayline.redact import redact_uri
+
+        on_stage("register", "start", redact_uri(ws.tracking_uri))
         t0 = time.monotonic()
         for trial in trials:
             registry.log_trial(run_id, spec.name, trial.trial_id, trial.overrides, trial.status,
@@ -229,7 +231,7 @@ def run_pipeline(
             from rayline.spec import apply_overrides
 
             winning_spec = apply_overrides(spec, winner.overrides)
-        staging = tempfile.mkdtemp(prefix="rayline-artifact-", dir=ws.root)
+        staging = ws.temp_dir("artifact")  # <ws>/tmp; a killed run's is removed by the next run
         try:
             artifact = write_artifact(
                 os.path.join(staging, "model"),
@@ -255,12 +257,11 @@ def run_pipeline(
         on_stage("register", "done", f"model {spec.name} version {mv.version}")
     except (InterruptedRun, KeyboardInterrupt) as exc:
         _end_run(registry, run_id, "KILLED")
-        stage = "training" if "train" not in seconds else "registering"
-        # A sweep or a training run resumes from its saved state; registration redoes no
-        # training, but its state is the finished sweep, so resuming finishes it too.
+        # A sweep or a training run resumes from its saved state (Tune's, or Train's checkpoints).
         _write_record(folder, {**record, "status": "interrupted"})
-        detail = f" ({exc})" if isinstance(exc, InterruptedRun) and str(exc) else ""
-        raise InterruptedRun(f"interrupted while {stage}{detail}: nothing registered; MLflow run {run_id} marked KILLED; "
+        what = str(exc) if isinstance(exc, InterruptedRun) else (
+            "interrupted while " + ("training" if "train" not in seconds else "registering"))
+        raise InterruptedRun(f"{what}; nothing registered; MLflow run {run_id} marked KILLED; "
                              f"resume with: {resume_command}") from exc
     except BaseException:
         _end_run(registry, run_id, "FAILED")
@@ -272,9 +273,9 @@ def run_pipeline(
     if deploy and spec.serve is not None:
         from rayline.serve.app import deploy as deploy_app
 
-        on_stage("deploy", "start", f"{spec.route} on {host}:{port}")
         t0 = time.monotonic()
         try:
+            on_stage("deploy", "start", f"{spec.route} on {host}:{port}")
             endpoint = deploy_app(spec, mv.version, ws, host, port)
         except KeyboardInterrupt as exc:
             deleted = _delete_app(spec.name)

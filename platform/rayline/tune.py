@@ -249,8 +249,9 @@ def tune_pipeline(
     if interrupted or unfinished:
         # Tune's SIGINT handler ends fit() normally, with the cut-off trials' results looking
         # final: their best so far is no winner. Tune saved the sweep's state on the way out.
-        raise InterruptedRun(f"tuning interrupted: {grid.num_terminated} of {len(grid)} trials finished, "
-                             f"{unfinished} cut off; the sweep's state is saved in {path}")
+        # (Counting them is no use: Tune marks the cut-off trials TERMINATED in memory; its
+        # saved state, which resume reads, has them RUNNING.)
+        raise InterruptedRun(f"tuning interrupted: the sweep's state ({len(grid)} trials) is saved in {path}")
 
     trials: list[TrialOutcome] = []
     for result in grid:
@@ -288,6 +289,10 @@ def _trial_id(result) -> str | None:
     return None
 
 
+def _drop_restore_advice(record: logging.LogRecord) -> bool:
+    return "Tuner.restore(" not in record.getMessage()
+
+
 def _fit_watching_sigint(tuner):
     """`tuner.fit()` -> (ResultGrid, whether Ctrl-C interrupted it); SIGINT handlers restored after.
 
@@ -312,6 +317,10 @@ def _fit_watching_sigint(tuner):
 
     for sig in signals:
         signal.signal(sig, ours)
+    # Tune's own "Resume experiment with: Tuner.restore(...)" is Python users' advice;
+    # rayline's message names `rayline run ... --resume` instead.
+    tune_log = logging.getLogger("ray.tune.tune")
+    tune_log.addFilter(_drop_restore_advice)
     tune_handles = not int(os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") or 0)
     try:
         grid = tuner.fit()
@@ -322,5 +331,6 @@ def _fit_watching_sigint(tuner):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        tune_log.removeFilter(_drop_restore_advice)
     return grid, received.is_set() or (tune_handles and handed_back)
 

@@ -1,0 +1,322 @@
+"""Interrupted and impossible sweeps at runtime: Ctrl-C, --resume, placement deadlines, ASHA's clock.
+
+The Ctrl-C tests run the real `rayline run` in a subprocess (its own embedded Ray and
+workspace) and send it SIGINT once training has written checkpoints; the others use the
+session's Ray. Data: sklearn iris with xgboost (1 worker, tiny boosters) so every run is
+a few seconds of training on top of Ray's start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.conftest import PORT, run
+
+IRIS = {"format": "sklearn", "name": "iris"}
+# 30 reports of a 60-round booster: long enough to be interrupted mid-way, short to resume.
+BOOSTER = {"max_depth": 2, "eta": 0.05, "num_boost_round": 60, "checkpoint_every": 2, "early_stopping_rounds": 0}
+
+
+def _spec(name: str, *, tune: dict | None = None, params: dict | None = None, serve: bool = False, **train) -> dict:
+    raw = {
+        "name": name,
+        "data": {"source": IRIS, "label": "target", "split": {"valid": 0.2, "test": 0.2, "seed": 0}},
+        "task": "classification",
+        "model": {"framework": "xgboost", "kind": "gbdt", "params": params or dict(BOOSTER)},
+        "train": {"workers": 1, "metric": "log_loss", **train},
+    }
+    if tune:
+        raw["tune"] = tune
+    if serve:
+        raw["serve"] = {"route": f"/{name}"}
+    return raw
+
+
+def _write(tmp_path: Path, raw: dict) -> Path:
+    path = tmp_path / f"{raw['name']}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # an embedded Ray of its own, never the test session's
+    return env
+
+
+def _descendants(pid: int) -> set[int]:
+    import psutil
+
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _alive(pids: set[int]) -> list[str]:
+    import psutil
+
+    alive = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{pid} {' '.join(proc.cmdline())[:120]}")
+        except psutil.Error:
+            pass
+    return alive
+
+
+def _interrupt_when(cmd: list[str], cwd: Path, ready, timeout_s: float = 150.0):
+    """Start `cmd`, send SIGINT once `ready()` is true; return (returncode, stdout, stderr, every descendant seen)."""
+    out, err = cwd / "stdout.txt", cwd / "stderr.txt"
+    with open(out, "w") as fo, open(err, "w") as fe:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=fo, stderr=fe, env=_env(), start_new_session=True)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            assert proc.poll() is None, f"ended before it could be interrupted: {err.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"training never started within {timeout_s:.0f} s"
+            seen |= _descendants(proc.pid)
+            time.sleep(0.25)
+        seen |= _descendants(proc.pid)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=90)
+        assert time.monotonic() - sent < 60, "Ctrl-C took over a minute to take effect"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return rc, out.read_text(), err.read_text(), seen
+
+
+def _assert_no_leftovers(pids: set[int], grace_s: float = 30.0) -> None:
+    deadline = time.monotonic() + grace_s
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(pids), f"processes of the interrupted run still alive: {_alive(pids)}"
+
+
+def _mlflow(ws: Path):
+    from mlflow.tracking import MlflowClient
+
+    from rayline.workspace import workspace
+
+    uri = workspace(ws).tracking_uri
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _pipeline_runs(client, name: str) -> list:
+    exp = client.get_experiment_by_name(f"rayline/{name}")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`rayline.kind` = 'pipeline'")
+    return sorted(runs, key=lambda r: r.info.start_time)
+
+
+def _checkpoints(ws: Path, pattern: str) -> int:
+    return len(list((ws / "runs").glob(pattern)))
+
+
+def _one_line(stderr: str) -> str:
+    return " ".join(line.strip() for line in stderr.splitlines())
+
+
+def _squeezed(text: str) -> str:
+    return "".join(text.split())  # the terminal may wrap a long path anywhere
+
+
+def test_ctrl_c_during_a_sweep_registers_nothing_and_resume_finishes_it(tmp_path):
+    raw = _spec("irisint", tune={"num_samples": 2, "max_concurrent": 2, "scheduler": "fifo",
+                                 "space": {"model.params.max_depth": {"choice": [2, 3]}}})
+    spec = _write(tmp_path, raw)
+    ws = tmp_path / "ws"
+    cmd = [sys.executable, "-m", "rayline.cli", "run", str(spec), "--workspace", str(ws), "--no-serve"]
+
+    def both_trials_checkpointed():
+        return len({c.parent for c in (ws / "runs").glob("*/trial-*/checkpoint_*")}) >= 2
+
+    rc, out, err, seen = _interrupt_when(cmd, tmp_path, both_trials_checkpointed)
+
+    assert rc == 130, err[-3000:]
+    assert "Traceback" not in err + out
+    line = _one_line(err)
+    assert "tuning interrupted" in line and "nothing registered" in line
+    assert "Tuner.restore(" not in line  # Tune's own advice is for Python users; ours names the command
+    assert _squeezed(f"resume with: rayline run {spec} --workspace {ws} --no-serve --resume") in _squeezed(err)
+    client = _mlflow(ws)
+    assert client.search_model_versions("name='irisint'") == []
+    (interrupted,) = _pipeline_runs(client, "irisint")
+    assert interrupted.info.status == "KILLED"
+    _assert_no_leftovers(seen)
+
+    done = subprocess.run(cmd + ["--resume"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (version,) = client.search_model_versions("name='irisint'")
+    runs = _pipeline_runs(client, "irisint")
+    assert [r.info.status for r in runs] == ["KILLED", "FINISHED"]
+    assert runs[1].data.tags["rayline.resumed_from"] == interrupted.info.run_id
+    assert version.run_id == runs[1].info.run_id
+    # Both trials were cut off mid-way and continued from their checkpoints: each went on to
+    # its last round (epoch 59), and none started over (one history, with the resume recorded).
+    from rayline.train.loop import read_state
+
+    for trial_dir in (ws / "runs").glob("*/trial-*"):
+        states = [read_state(str(c)) for c in trial_dir.glob("checkpoint_*")]
+        last = max((s for s in states if s), key=lambda s: s["epoch"])
+        assert last["epoch"] == 59 and last["resumed_from"], (trial_dir.name, last["epoch"], last["resumed_from"])
+        assert [row["epoch"] for row in last["history"]] == list(range(1, 60, 2))
+
+
+def test_ctrl_c_during_training_registers_nothing_and_resume_finishes_it(tmp_path):
+    spec = _write(tmp_path, _spec("irisplain"))
+    ws = tmp_path / "ws"
+    cmd = [sys.executable, "-m", "rayline.cli", "run", str(spec), "--workspace", str(ws), "--no-serve"]
+
+    # Before: Ray Train's own SIGINT handler aborted the run and exited 0, or fit returned
+    # and the half-trained model was registered.
+    rc, out, err, seen = _interrupt_when(cmd, tmp_path, lambda: _checkpoints(ws, "*/train/checkpoint_*") >= 1)
+
+    assert rc == 130, err[-3000:]
+    assert "Traceback" not in err + out
+    line = _one_line(err)
+    assert "training interrupted" in line and "nothing registered" in line and "--resume" in line
+    client = _mlflow(ws)
+    assert client.search_model_versions("name='irisplain'") == []
+    assert [r.info.status for r in _pipeline_runs(client, "irisplain")] == ["KILLED"]
+    _assert_no_leftovers(seen)
+
+    done = subprocess.run(cmd + ["--resume"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(client.search_model_versions("name='irisplain'")) == 1
+    assert "resumed" in done.stdout
+
+
+def test_resume_without_an_interrupted_run_or_with_a_changed_spec_is_refused(tmp_path, ray_session, ws):
+    from rayline.errors import RaylineError, SpecError
+    from rayline.runner import RECORD_FILE, _write_record, _training_spec, run_pipeline
+    from rayline.spec import parse_spec
+
+    spec = parse_spec(_spec("irisnothing"))
+    with pytest.raises(RaylineError, match=r"^--resume: no interrupted run of 'irisnothing' in .*run without --resume"):
+        run_pipeline(spec, ws, resume=True, deploy=False)
+    folder = Path(ws.runs_dir) / "irisnothing-old"
+    _write_record(str(folder), {"experiment": "irisnothing-old", "spec_name": "irisnothing", "status": "interrupted",
+                                "spec": _training_spec(spec), "created": 1.0})
+    assert (folder / RECORD_FILE).exists()
+    changed = parse_spec(_spec("irisnothing", params={**BOOSTER, "eta": 0.3}))
+    with pytest.raises(SpecError, match=r"--resume: the spec changed since the interrupted run irisnothing-old: "
+                                        r"model.params.eta \(was 0.05, now 0.3\)"):
+        run_pipeline(changed, ws, resume=True, deploy=False)
+
+
+def test_ctrl_c_while_deploying_keeps_the_version_and_leaves_no_app(ray_session, ws):
+    from ray import serve
+
+    from rayline.errors import InterruptedRun
+    from rayline.registry import Registry
+    from rayline.spec import parse_spec
+
+    spec = parse_spec(_spec("irisdeploy", params={**BOOSTER, "num_boost_round": 4}, serve=True))
+    returned = threading.Event()
+
+    def ctrl_c_once_the_replica_is_starting():
+        # Ctrl-C once Serve has created the app's replica actor, before it is ready (it
+        # still downloads and loads the model): the app exists, half-deployed.
+        import ray
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not returned.is_set():
+            names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+            if any("irisdeploy" in n for n in names):
+                if not returned.is_set():
+                    os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    def on_stage(stage, event, detail=""):
+        if (stage, event) == ("deploy", "start"):
+            threading.Thread(target=ctrl_c_once_the_replica_is_starting, daemon=True).start()
+
+    from rayline.runner import run_pipeline
+
+    try:
+        with pytest.raises(InterruptedRun, match=r"^interrupted while deploying: model irisdeploy version \d+ stays "
+                                                 r"registered .*the half-deployed Serve app 'irisdeploy' was deleted"):
+            run_pipeline(spec, ws, port=PORT, on_stage=on_stage)
+    finally:
+        returned.set()
+    assert "irisdeploy" not in serve.status().applications
+    assert Registry(ws).resolve("irisdeploy").version
+
+
+def test_a_sweep_that_can_never_fit_fails_before_training(ray_session, ws):
+    from rayline.errors import ResourceError
+    from rayline.spec import parse_spec
+
+    spec = parse_spec(_spec("iriswide", tune={"num_samples": 2, "space": {"train.workers": {"choice": [1, 64]}}}))
+    started = time.monotonic()
+    with pytest.raises(ResourceError, match=r"^tune.space.train.workers: 64 workers need at least 6.4 CPUs"):
+        run(spec, ws)
+    assert time.monotonic() - started < 60
+    assert not list(Path(ws.runs_dir).glob("iriswide-*"))  # nothing started
+    assert ResourceError.exit_code == 3
+
+
+def test_workers_that_cannot_be_placed_fail_within_the_deadline(ray_session, ws, monkeypatch):
+    import ray
+
+    from rayline.errors import TrainingError
+    from rayline.resources import ResourcePlan
+    from rayline.spec import parse_spec
+    from rayline.train.run import START_RETRIES, train
+
+    monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "5")  # reaches the Train controller
+    spec = parse_spec(_spec("irisblocked"))
+    from rayline.data import prepare_data
+
+    data = prepare_data(spec)
+
+    @ray.remote
+    class Holder:
+        def ready(self):
+            return True
+
+    # Planned while the CPUs were free; then another job takes them: nothing the plan can see.
+    plan = ResourcePlan(cpus_per_worker=1.0, gpus_per_worker=0, concurrent_trials=1, threads_per_worker=1)
+    # All CPUs but half of one (the actor waits until they are free): the worker's 1 CPU never is.
+    holder = Holder.options(num_cpus=ray.cluster_resources()["CPU"] - 0.5).remote()
+    try:
+        ray.get(holder.ready.remote(), timeout=120)
+        assert ray.available_resources().get("CPU", 0) < 1.0
+        started = time.monotonic()
+        with pytest.raises(TrainingError, match=r"^train.workers: the 1 training workers \(1 CPU each\) could not be "
+                                                rf"placed: waited {START_RETRIES + 1} x 5 s for 1 CPU; the cluster has CPU"):
+            train(spec, data, storage_path=str(Path(ws.runs_dir) / "irisblocked"), run_name="train", plan=plan)
+        assert time.monotonic() - started < 60
+    finally:
+        ray.kill(holder)
+
+
+def test_xgboost_under_asha_trains_every_round_of_its_winner(ray_session, ws):
+    from rayline.spec import parse_spec
+
+    # 30 rounds reported every 3; train.epochs 4. Before: ASHA's max_t was 4 *reports*, so
+    # every trial stopped at round 12. The stronger learning rate leads at every rung.
+    raw = _spec("irisasha", params={**BOOSTER, "num_boost_round": 30, "checkpoint_every": 3}, epochs=4,
+                tune={"search": "grid", "scheduler": "asha", "max_concurrent": 2,
+                      "space": {"model.params.eta": {"grid": [0.02, 0.3]}}})
+    summary = run(parse_spec(raw), ws, deploy=False)
+    winner = next(t for t in summary.trials if t.result is not None and t.overrides["model.params.eta"] == 0.3)
+    assert summary.valid_metrics == winner.result.metrics
+    assert [row["epoch"] for row in winner.result.history] == list(range(2, 30, 3))
