@@ -231,11 +231,14 @@ def models(name: Optional[str] = typer.Argument(None, help="A model name; defaul
            workspace: Optional[Path] = WorkspaceOpt,
            output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
     """Registered models, their versions and metrics."""
+    from rayline.redact import redact_uri
     from rayline.registry import Registry
 
+    if output not in ("table", "json"):
+        raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json)")
     versions = Registry(_ws(workspace)).list_models(name)
-    if output == "json":
-        print(json.dumps([v.__dict__ for v in versions], indent=2, default=str))
+    if output == "json":  # an artifact source may hold credentials (https://user:token@host/...)
+        print(json.dumps([{**v.__dict__, "source": redact_uri(v.source)} for v in versions], indent=2, default=str))
         return
     table = Table(title="registered models")
     for col in ("model", "version", "framework", "created", "test metrics"):

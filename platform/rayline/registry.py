@@ -3,21 +3,44 @@
 Every pipeline run is an MLflow run in experiment `rayline/<name>`; each trial is a child
 run with its overrides as params and its per-epoch validation metrics. The winner's
 artifact is logged under `model/` of the pipeline run and registered as a new version of
-model `<name>`. Errors from MLflow are mapped to `RegistryError` here.
+model `<name>`.
+
+This module is the MLflow boundary: every MLflow call runs inside `_guard`, which turns
+MlflowException, OSError (disk full, permissions), SQLite "database is locked" and
+SQLAlchemy errors into one-line `RegistryError`s naming what was being done, with the
+tracking URI redacted (`rayline.redact`). Two processes may open one workspace at once:
+a new SQLite store is created under a file lock, the experiment is created if missing in a
+way that tolerates a concurrent creator, and a store another writer keeps locked past
+MLflow's own wait is reported as such.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import logging
 import os
-import tempfile
+import re
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from rayline.errors import RegistryError
-from rayline.workspace import Workspace
+from rayline.redact import redact_text, redact_uri
+from rayline.workspace import Workspace, owned_tempdir, sweep_orphans, user_cache_dir
 
-__all__ = ["ModelVersion", "Registry"]
+__all__ = ["ModelVersion", "Registry", "STORE_LOCK_TIMEOUT_S", "SQLITE_BUSY_TIMEOUT_S"]
+
+# Creating a new SQLite store runs ~50 schema migrations: 1-3 s alone on a 2-core machine,
+# 5-10 s for each of 4 processes starting at once (measured); a minute is generous, and a
+# process that still waits after it says so instead of hanging.
+STORE_LOCK_TIMEOUT_S = 60.0
+# SQLite allows one writer at a time; MLflow's sessions wait this long for the write lock
+# (PRAGMA busy_timeout = 20000 in mlflow/store/db/utils.py) before "database is locked".
+SQLITE_BUSY_TIMEOUT_S = 20.0
+_PARTIAL = ".partial-"
 
 
 @dataclass
@@ -40,32 +63,205 @@ def _flatten(prefix: str, value, out: dict) -> dict:
     return out
 
 
+def _one_line(text: str, limit: int = 400) -> str:
+    """The first meaningful line of a dependency's message (SQLAlchemy appends [SQL: ...] and links)."""
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _is_locked(exc: BaseException) -> bool:
+    return "database is locked" in str(exc) or "database table is locked" in str(exc)
+
+
+def _name_filter(name: str) -> tuple[str, bool]:
+    """An MLflow filter selecting model `name`, and whether results need an exact-name check.
+
+    MLflow's filter parser strips the quotes around a value without unescaping anything
+    (measured: `name='a\\'b'` matches the model named `a\\'b`), so a name is quoted with a quote
+    character it does not contain. A name with both kinds is matched with LIKE, each quote
+    and wildcard as `_`, and the results are filtered to the exact name.
+    """
+    if "'" not in name:
+        return f"name = '{name}'", False
+    if '"' not in name:
+        return f'name = "{name}"', False
+    return "name LIKE '" + re.sub(r"['\"%_]", "_", name) + "'", True
+
+
+class _RedactMlflowLogs(logging.Filter):
+    """MLflow logs store errors with their text, and a traceback (`_logger.exception` on every
+    SQLAlchemy OperationalError, e.g. "database is locked"): mask the URIs in them, and keep
+    MLflow's records to their first line unless RAYLINE_DEBUG=1, since rayline reports the
+    error itself in one line."""
+
+    def __init__(self, uri: str):
+        super().__init__()
+        self.uri = uri
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        safe = redact_text(message, self.uri)
+        if record.name.startswith("mlflow") and not os.environ.get("RAYLINE_DEBUG"):
+            safe, record.exc_info, record.exc_text = _one_line(safe), None, None
+        if safe != message:
+            record.msg, record.args = safe, None
+        return True
+
+
+def _install_log_redaction(uri: str) -> None:
+    for handler in logging.getLogger("mlflow").handlers + logging.getLogger().handlers:
+        if not any(isinstance(f, _RedactMlflowLogs) and f.uri == uri for f in handler.filters):
+            handler.addFilter(_RedactMlflowLogs(uri))
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///...` URI, else None (in-memory stores have none)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
 class Registry:
     """MLflow tracking + registry for one workspace."""
 
     def __init__(self, ws: Workspace):
         os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
-        from mlflow.tracking import MlflowClient
-
         self.ws = ws
         self.tracking_uri = ws.tracking_uri
-        try:
+        self.shown_uri = redact_uri(self.tracking_uri)
+        with self._guard("open the MLflow store"):
+            import mlflow  # noqa: F401  (configures MLflow's log handlers, which the filter goes on)
+        _install_log_redaction(self.tracking_uri)
+        with self._guard("open the MLflow store"), self._store_init_lock():
+            from mlflow.tracking import MlflowClient
+
             self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+            # Both stores now, under the lock: each creates a new SQLite database's schema on
+            # first open, and two processes doing that at once fail (measured: 3 of 4
+            # concurrent first starts died with "table ... already exists" or "Online
+            # migration expected to match one row").
+            self.client._get_registry_client().store  # noqa: B018  (MLflow opens the registry store lazily)
+
+    # ------------------------------------------------------------ the MLflow boundary
+
+    @contextlib.contextmanager
+    def _store_init_lock(self):
+        """A file lock next to a new SQLite store while it is created; no-op for servers and ready stores.
+
+        Opening an existing store needs no lock (MLflow never migrates an existing database on
+        open), and under load an open takes seconds (4.5 s measured at load 25 on 2 cores), so
+        only the first, creating open is serialised. A store counts as created once a locked
+        open succeeded on this very file (the marker holds its inode: a deleted and recreated
+        mlflow.db is created under the lock again).
+        """
+        db = _sqlite_path(self.tracking_uri)
+        if db is None:
+            yield
+            return
+        marker = db.parent / f".{db.name}.ready"
+
+        def ready() -> bool:
+            with contextlib.suppress(OSError):
+                st = os.stat(db)
+                return marker.read_text() == f"{st.st_dev}:{st.st_ino}"
+            return False
+
+        if ready():
+            yield
+            return
+        import filelock
+
+        lock_path = db.parent / f".{db.name}.init.lock"
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            lock = filelock.FileLock(str(lock_path), timeout=STORE_LOCK_TIMEOUT_S)
+            lock.acquire()
+        except filelock.Timeout as exc:
+            raise RegistryError(
+                f"MLflow ({self.shown_uri}): another process has been creating the store for more than "
+                f"{STORE_LOCK_TIMEOUT_S:g}s (lock {lock_path}); wait for it to finish, or stop it"
+            ) from exc
+        except OSError as exc:
+            if db.exists():  # a read-only workspace: nothing will be created, reading needs no lock
+                yield
+                return
+            raise RegistryError(f"MLflow ({self.shown_uri}): cannot create the store: "
+                                f"{exc.strerror or exc} ({exc.filename or db.parent})") from exc
+        if ready():  # created by the process we waited for: open without holding others up
+            lock.release()
+            yield
+            return
+        try:
+            yield
+            with contextlib.suppress(OSError):
+                st = os.stat(db)
+                tmp = marker.with_name(f"{marker.name}.{os.getpid()}")
+                tmp.write_text(f"{st.st_dev}:{st.st_ino}")
+                os.replace(tmp, marker)
+        finally:
+            lock.release()
+
+    @contextlib.contextmanager
+    def _guard(self, action: str):
+        """Run MLflow calls; map whatever they raise to a one-line RegistryError about `action`."""
+        shown = getattr(self, "shown_uri", None) or redact_uri(self.tracking_uri)
+        try:
+            yield
+        except RegistryError:
+            raise
+        except ImportError as exc:  # a database driver the URI needs (psycopg, pymysql, ...)
+            raise RegistryError(
+                f"MLflow ({shown}): cannot {action}: the Python package {exc.name or '(unknown)'} is missing "
+                f"({redact_text(_one_line(exc), self.tracking_uri)}; allowed: install the driver for this database)"
+            ) from exc
+        except OSError as exc:
+            what = exc.strerror or _one_line(exc)
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise RegistryError(redact_text(f"MLflow ({shown}): cannot {action}: {what}{where}", self.tracking_uri)) from exc
         except Exception as exc:
-            raise RegistryError(f"cannot open the MLflow store at {self.tracking_uri}: {exc}") from None
+            raise RegistryError(f"MLflow ({shown}): cannot {action}: {self._describe(exc)}") from exc
+
+    def _describe(self, exc: BaseException) -> str:
+        text = getattr(exc, "message", None) or str(exc)
+        if _is_locked(exc):
+            return (f"the store is locked by another process (waited {SQLITE_BUSY_TIMEOUT_S:g}s; "
+                    "allowed: let the other run finish, or use a database server for concurrent runs)")
+        if "readonly database" in str(exc) or "unable to open database file" in str(exc):
+            return f"the store is not writable: {_one_line(text)} (allowed: a writable workspace directory)"
+        return redact_text(_one_line(text), self.tracking_uri)
 
     # ------------------------------------------------------------ tracking
 
     def _experiment_id(self, name: str) -> str:
+        """Get or create experiment `rayline/<name>`, tolerating a concurrent creator."""
+        from mlflow.exceptions import MlflowException
+
         exp_name = f"rayline/{name}"
-        exp = self.client.get_experiment_by_name(exp_name)
-        if exp is not None:
-            return exp.experiment_id
-        location = self.ws.artifact_location if not self.ws.tracking_uri_override else None
-        return self.client.create_experiment(exp_name, artifact_location=location)
+        for _ in range(2):
+            exp = self.client.get_experiment_by_name(exp_name)
+            if exp is not None:
+                if exp.lifecycle_stage == "deleted":
+                    raise RegistryError(
+                        f"MLflow ({self.shown_uri}): experiment {exp_name!r} is deleted (id {exp.experiment_id}); "
+                        f"allowed: restore it (mlflow experiments restore --experiment-id {exp.experiment_id}) "
+                        "or delete it for good (mlflow gc)")
+                return exp.experiment_id
+            location = self.ws.artifact_location if not self.ws.tracking_uri_override else None
+            try:
+                return self.client.create_experiment(exp_name, artifact_location=location)
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                # Another process created it between our read and our create: read it again.
+        raise RegistryError(f"MLflow ({self.shown_uri}): experiment {exp_name!r} exists but cannot be read")
 
     def start_pipeline_run(self, spec, spec_path: str | None) -> str:
-        try:
+        with self._guard(f"start a run for pipeline {spec.name!r}"):
             run = self.client.create_run(
                 self._experiment_id(spec.name),
                 run_name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",
@@ -74,23 +270,21 @@ class Registry:
             params = _flatten("", spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"tune"}), {})
             self._log(run.info.run_id, params=params)
             return run.info.run_id
-        except RegistryError:
-            raise
-        except Exception as exc:
-            raise RegistryError(f"MLflow ({self.tracking_uri}): cannot start a run: {exc}") from None
 
     def log_trial(self, parent_run_id: str, spec_name: str, trial_id: str, overrides: dict, status: str,
                   history: list[dict], winner: bool) -> str:
-        run = self.client.create_run(
-            self._experiment_id(spec_name),
-            run_name=f"trial-{trial_id}",
-            tags={"mlflow.parentRunId": parent_run_id, "rayline.kind": "trial", "rayline.trial_status": status,
-                  "rayline.winner": str(winner).lower()},
-        )
-        metrics = [(k, v, row["epoch"]) for row in history for k, v in row.items() if k != "epoch"]
-        self._log(run.info.run_id, params=_flatten("", overrides, {}), metrics=metrics)
-        self.client.set_terminated(run.info.run_id, status="FINISHED" if status != "error" else "FAILED")
-        return run.info.run_id
+        with self._guard(f"log trial {trial_id}"):
+            run = self.client.create_run(
+                self._experiment_id(spec_name),
+                run_name=f"trial-{trial_id}",
+                tags={"mlflow.parentRunId": parent_run_id, "rayline.kind": "trial", "rayline.trial_status": status,
+                      "rayline.winner": str(winner).lower()},
+            )
+            metrics = [(k, v, row["epoch"]) for row in history for k, v in row.items() if k != "epoch"]
+            self._log(run.info.run_id, params=_flatten("", overrides, {}), metrics=metrics)
+            self.client.set_terminated(run.info.run_id,
+                       status="FINISHED" if status != "error" else "FAILED")
+            return run.info.run_id
 
     def _log(self, run_id: str, params: dict | None = None, metrics: list | None = None) -> None:
         from mlflow.entities import Metric, Param
@@ -107,65 +301,130 @@ class Registry:
         """Log the artifact under the pipeline run and register it as a new version of `name`."""
         from mlflow.exceptions import MlflowException
 
-        try:
+        with self._guard(f"register model {name!r}"):
             self._log(run_id, metrics=[(k, v, 0) for k, v in metrics.items()])
             self.client.log_artifacts(run_id, artifact_dir, artifact_path="model")
             try:
                 self.client.create_registered_model(name, description="Registered by rayline.")
             except MlflowException as exc:
-                if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
             source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
-            mv = self.client.create_model_version(name, source=source, run_id=run_id, tags={k: str(v) for k, v in tags.items()})
+            mv = self.client.create_model_version(name, source=source, run_id=run_id,
+                            tags={k: str(v) for k, v in tags.items()})
             self.client.set_terminated(run_id, status="FINISHED")
-        except MlflowException as exc:
-            raise RegistryError(f"MLflow ({self.tracking_uri}): cannot register model {name!r}: {exc.message}") from None
         return ModelVersion(name=name, version=str(mv.version), run_id=run_id, source=source, metrics=metrics)
 
     def fail_run(self, run_id: str, status: str = "FAILED") -> None:
         try:
-            self.client.set_terminated(run_id, status=status)  # FAILED, or KILLED for a run the user stopped
+            self.client.set_terminated(run_id, status=status)
         except Exception:
             pass  # best effort on the way out of a failure
+
+    def _versions(self, name: str) -> list:
+        """Every version of model `name` (all pages), whatever characters the name holds."""
+        filter_string, exact = _name_filter(name)
+        out, token = [], None
+        while True:
+            page = self.client.search_model_versions(filter_string, page_token=token)
+            out.extend(v for v in page if not exact or v.name == name)
+            token = getattr(page, "token", None)
+            if not token:
+                return out
 
     def resolve(self, name: str, version: str | None = None) -> ModelVersion:
         """A registered version (default: the newest)."""
         from mlflow.exceptions import MlflowException
 
-        try:
+        label = f"model {name!r} version {version or 'latest'}"
+        with self._guard(f"look up {label}"):
             if version in (None, "latest"):
-                versions = self.client.search_model_versions(f"name='{name}'")
+                versions = self._versions(name)
                 if not versions:
-                    raise RegistryError(f"model {name!r}: no registered versions in {self.tracking_uri}")
+                    raise RegistryError(f"model {name!r}: no registered versions in {self.shown_uri}")
                 mv = max(versions, key=lambda v: int(v.version))
             else:
-                mv = self.client.get_model_version(name, str(version))
-        except MlflowException as exc:
-            raise RegistryError(f"model {name!r} version {version or 'latest'}: not found in {self.tracking_uri} ({exc.message})") from None
-        metrics = self.client.get_run(mv.run_id).data.metrics if mv.run_id else {}
+                try:
+                    mv = self.client.get_model_version(name, str(version))
+                except MlflowException as exc:
+                    if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                        raise
+                    raise RegistryError(f"{label}: not found in {self.shown_uri} "
+                                        f"({redact_text(_one_line(exc.message), self.tracking_uri)})") from exc
+            metrics = self.client.get_run(mv.run_id).data.metrics if mv.run_id else {}
         return ModelVersion(
             name=name, version=str(mv.version), run_id=mv.run_id, source=mv.source, metrics=metrics,
             created=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(mv.creation_timestamp / 1000)),
             framework=(mv.tags or {}).get("framework", ""),
         )
 
-    def download(self, mv: ModelVersion, dest: str | None = None) -> str:
-        """A local directory with the artifact of `mv`."""
+    def list_models(self, name: str | None = None) -> list[ModelVersion]:
+        with self._guard("list registered models" if name is None else f"list versions of model {name!r}"):
+            if name is not None:
+                names = [name]
+            else:
+                names, token = [], None
+                while True:
+                    page = self.client.search_registered_models(page_token=token)
+                    names.extend(m.name for m in page)
+                    token = getattr(page, "token", None)
+                    if not token:
+                        break
+                names.sort()
+            out = []
+            for n in names:
+                versions = self._versions(n)
+                if name is not None and not versions:
+                    raise RegistryError(f"model {name!r}: no registered versions in {self.shown_uri}")
+                for mv in sorted(versions, key=lambda v: int(v.version)):
+                    out.append(self.resolve(n, mv.version))
+        return out
+
+    # ------------------------------------------------------------ local copies of versions
+
+    def cache_root(self) -> Path:
+        """Where downloaded versions are kept on this node.
+
+        The workspace's `cache/models` when the workspace is on this node: always so with the
+        default SQLite store (the store is a file in it), and so for a workspace on a shared
+        filesystem. A Serve replica on another node of a cluster with a remote tracking URI
+        gets a workspace path that may not exist there (or not be writable): it uses this
+        node's user cache (RAYLINE_CACHE_DIR, else ~/.cache/rayline), never creating the
+        driver's workspace path on a node it does not belong to. Entries are keyed by run id
+        and source, so one cache serves several stores without mixing their versions.
+        """
+        root = self.ws.root
+        if root.is_dir() and os.access(root, os.W_OK | os.X_OK):
+            return self.ws.cache_dir / "models"
+        return user_cache_dir() / "models"
+
+    def download(self, mv: ModelVersion) -> str:
+        """A local directory with the artifact of `mv`: this node's cached copy, downloaded once.
+
+        The copy is written to a `.partial-` sibling and renamed into place, so a concurrent
+        reader (another replica on this node) sees either no entry or a complete one; the
+        loser of a download race drops its copy and uses the winner's.
+        """
         import mlflow.artifacts
 
-        dest = dest or tempfile.mkdtemp(prefix=f"rayline-{mv.name}-v{mv.version}-")
-        try:
-            return mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=dest, tracking_uri=self.tracking_uri)
-        except Exception as exc:
-            raise RegistryError(f"model {mv.name!r} version {mv.version}: cannot download {mv.source}: {exc}") from None
-
-    def list_models(self, name: str | None = None) -> list[ModelVersion]:
-        names = [name] if name else sorted(m.name for m in self.client.search_registered_models())
-        out = []
-        for n in names:
-            versions = self.client.search_model_versions(f"name='{n}'")
-            if name and not versions:
-                raise RegistryError(f"model {name!r}: no registered versions in {self.tracking_uri}")
-            for mv in sorted(versions, key=lambda v: int(v.version)):
-                out.append(self.resolve(n, mv.version))
-        return out
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", mv.name).lstrip(".") or "_"
+        key = hashlib.sha256(f"{mv.run_id}\n{mv.source}".encode()).hexdigest()[:12]
+        with self._guard(f"download model {mv.name!r} version {mv.version} ({redact_uri(mv.source)})"):
+            parent = self.cache_root() / safe
+            final = parent / f"{mv.version}-{key}"
+            if final.is_dir():
+                return str(final)
+            parent.mkdir(parents=True, exist_ok=True)
+            sweep_orphans(parent, _PARTIAL)
+            partial = owned_tempdir(parent, _PARTIAL)
+            try:
+                got = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=partial,
+                                 tracking_uri=self.tracking_uri)
+                try:
+                    os.rename(got, final)
+                except OSError:
+                    if not final.is_dir():  # not another process's complete copy: a real failure
+                        raise
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
+            return str(final)

@@ -3,19 +3,30 @@
 A checkpoint directory holds `model/` (framework files, written by the backend) and
 `rayline_state.json` (epoch, metrics, the per-epoch history and the epochs training
 resumed from). Only rank 0 writes checkpoints; every rank reports, as Ray Train requires.
+
+Local copies (the checkpoint being reported, the one restored from) are `owned_tempdir`s in
+the node's temp dir: a worker that Ray kills (Tune stopping a trial while rank 0 waits in
+`report`, a fault, Ctrl-C) cannot remove its own, so each new worker first removes those of
+dead workers on its node (`sweep_orphans`). Ray deletes the reported copy right after its
+upload, so the window for such a leftover is the save and upload alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from typing import Callable
 
-__all__ = ["EpochReporter", "STATE_FILE", "MODEL_DIR", "read_state", "shard_arrays"]
+from rayline.workspace import owned_tempdir, sweep_orphans
+
+__all__ = ["EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays"]
 
 STATE_FILE = "rayline_state.json"
 MODEL_DIR = "model"
+CKPT_PREFIX = "rayline-ckpt-"
+RESTORE_PREFIX = "rayline-restore-"
 
 
 def shard_arrays(shard, num_features: int, label_dtype):
@@ -52,12 +63,14 @@ class EpochReporter:
         self.history: list[dict] = []
         self.resumed_from: list[int] = []
         self.start_epoch = 0
-        self._restore_dir: tempfile.TemporaryDirectory | None = None
+        self._restore_dir: str | None = None
+        for prefix in (CKPT_PREFIX, RESTORE_PREFIX):
+            sweep_orphans(tempfile.gettempdir(), prefix)
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is not None:
             # Copy locally: the model loads after this returns, and storage may be remote.
-            self._restore_dir = tempfile.TemporaryDirectory(prefix="rayline-restore-")
-            local = checkpoint.to_directory(self._restore_dir.name)
+            self._restore_dir = owned_tempdir(tempfile.gettempdir(), RESTORE_PREFIX)
+            local = checkpoint.to_directory(self._restore_dir)
             state = read_state(local) or {}
             self.history = state.get("history", [])
             self.resumed_from = state.get("resumed_from", []) + [state.get("epoch", -1)]
@@ -66,7 +79,7 @@ class EpochReporter:
     @property
     def restore_model_dir(self) -> str | None:
         """The model directory to resume from, or None on a fresh start."""
-        return os.path.join(self._restore_dir.name, MODEL_DIR) if self._restore_dir else None
+        return os.path.join(self._restore_dir, MODEL_DIR) if self._restore_dir else None
 
     def report(self, epoch: int, metrics: dict, save_model: Callable[[str], None]) -> None:
         """Report `metrics` for `epoch` with a checkpoint made by `save_model(dir)` on rank 0."""
@@ -77,13 +90,20 @@ class EpochReporter:
         if self.rank != 0:
             self._train.report(reported, checkpoint=None)
             return
-        with tempfile.TemporaryDirectory(prefix="rayline-ckpt-") as tmp:
+        tmp = owned_tempdir(tempfile.gettempdir(), CKPT_PREFIX)
+        try:
             save_model(os.path.join(tmp, MODEL_DIR))
             state = {"epoch": epoch, "metrics": row, "history": self.history, "resumed_from": self.resumed_from}
             with open(os.path.join(tmp, STATE_FILE), "w") as fh:
                 json.dump(state, fh)
-            self._train.report(reported, checkpoint=self._train.Checkpoint.from_directory(tmp))
+            # Deleted by Ray once uploaded, before report waits for the controller to take the
+            # result (where a stopped trial's worker is killed).
+            self._train.report(reported, checkpoint=self._train.Checkpoint.from_directory(tmp),
+                               delete_local_checkpoint_after_upload=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def close(self) -> None:
         if self._restore_dir is not None:
-            self._restore_dir.cleanup()
+            shutil.rmtree(self._restore_dir, ignore_errors=True)
+            self._restore_dir = None
