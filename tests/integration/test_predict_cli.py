@@ -81,6 +81,26 @@ def test_a_malformed_csv_fails_the_data_stage_with_one_line_naming_the_file(ray_
     assert "\n" not in str(info.value) and "ray::" not in str(info.value)
 
 
+def test_a_malformed_later_file_fails_the_data_stage_with_one_line_naming_it(ray_session, tmp_path):
+    """Only the first block is read up front; a bad file after it fails at the data stage's
+    materialize, and that too is one line naming the file, not Ray's remote traceback."""
+    from rayline.data.pipeline import prepare_data
+    from rayline.errors import DataError
+    from rayline.spec import load_spec
+
+    (tmp_path / "d").mkdir()
+    good = "x1,x2,y\n" + "".join(f"{i % 7},{i % 5},{'yes' if i % 7 > 3 else 'no'}\n" for i in range(40))
+    (tmp_path / "d" / "a.csv").write_text(good)
+    (tmp_path / "d" / "b.csv").write_text(good + "1,2,no,extra\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "csvsrc", "data": {"source": {"format": "csv", "path": "d"}, "label": "y"},
+                                    "model": {"framework": "xgboost", "kind": "gbdt"}}))
+    with pytest.raises(DataError) as info:
+        prepare_data(load_spec(spec))
+    assert "b.csv" in str(info.value)
+    assert "\n" not in str(info.value) and "ray::" not in str(info.value) and "Traceback" not in str(info.value)
+
+
 # ---------------------------------------------------------------- the real CLI against the digits endpoint
 
 

@@ -157,7 +157,7 @@ ORDER_MISTAKES = [
     ([{"impute": {"columns": ["plan"], "strategy": "constant", "value": 3}}, {"one_hot": {"columns": ["plan", "region"]}}, {"impute": {"columns": ["age"]}}],
      "data.preprocess[0].impute.columns[0]: constant value for string column 'plan' must be a string (got 3; allowed: a string)"),
     ([{"impute": {"columns": ["age"], "strategy": "constant", "value": "unknown"}}, {"one_hot": {"columns": ["plan", "region"]}}],
-     "data.preprocess[0].impute.columns[0]: constant value for number column 'age' must be a number (got 'unknown'; allowed: a number)"),
+     "data.preprocess[0].impute.columns[0]: constant value for integer column 'age' must be a number (got 'unknown'; allowed: a number)"),
     ([{"impute": {"columns": ["age"]}}, {"one_hot": {"columns": ["region"]}}, {"standard_scale": {"columns": ["age", "plan"]}}],
      "data.preprocess[2].standard_scale.columns[1]: needs a numeric column (got 'plan', a string column; allowed: age)"),
     ([{"impute": {"columns": ["age"]}}, {"min_max_scale": {"columns": ["age", "region"]}}, {"one_hot": {"columns": ["plan", "region"]}}],

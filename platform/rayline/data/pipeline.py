@@ -18,7 +18,7 @@ from rayline.data.preprocess import (
 from rayline.data.partials import label_summary
 from rayline.data.schema_check import infer_task
 from rayline.data.steps import value_key, value_rank
-from rayline.data.sources import fingerprint, read_dataset
+from rayline.data.sources import fingerprint, read_dataset, unwrap_data_error
 from rayline.errors import DataError
 
 __all__ = ["PreparedData", "prepare_data", "to_training_batch"]
@@ -75,7 +75,10 @@ def prepare_data(spec) -> PreparedData:
     if missing:
         raise DataError(f"data.features: no such columns in the data (got {missing}; allowed: {', '.join(columns[:20])})")
     kinds = dict(zip(schema.names, (column_kind(t) for t in schema.types)))
-    ds = ds.select_columns(names + [label]).materialize()
+    try:
+        ds = ds.select_columns(names + [label]).materialize()
+    except Exception as exc:  # a bad later file or block: Ray's remote traceback -> our one line
+        raise unwrap_data_error(exc, source) from exc
 
     null_labels, classes = label_summary(ds, label)
     if null_labels:

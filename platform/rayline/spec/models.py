@@ -59,7 +59,8 @@ class _Strict(BaseModel):
 
 
 class SourceSpec(_Strict):
-    format: Literal["sklearn", "csv", "parquet", "json"] = Field(description="Where the rows come from.")
+    format: Literal["sklearn", "csv", "parquet", "json"] = Field(
+        description="Where the rows come from. json: a JSON array of row objects, or JSON Lines (.json, .jsonl, .ndjson).")
     name: Optional[str] = Field(None, description="sklearn dataset name (format: sklearn).")
     path: Optional[str] = Field(
         None, description="File, directory, glob or URI (s3://, gs://); relative to the spec file."
