@@ -43,7 +43,9 @@ def connect_existing(ws, address: Optional[str] = None):
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=3.0).close()
         except OSError as exc:
-            raise ClusterError(f"no Ray cluster answers at {address} ({exc.strerror or exc}; allowed: a running "
+            from rayline.redact import redact_uri
+
+            raise ClusterError(f"no Ray cluster answers at {redact_uri(address)} ({exc.strerror or exc}; allowed: a running "
                                f"head's address, e.g. from `rayline cluster up` or `rayline cluster status`)") from None
     return connect(ws, address)
 
