@@ -64,7 +64,10 @@ def run(spec: PipelineSpec | str, *, workspace: str | None = None, address: str 
 
 
 def load_model(name: str, version: str | None = None, *, workspace: str | None = None, tracking_uri: str | None = None):
-    """The registered model `name` (default: newest version) as an offline `model.Predictor`."""
+    """The registered model `name` (default: newest version) as an offline `model.Predictor`.
+
+    The version's files are downloaded once into the workspace's cache (`<workspace>/cache/models`;
+    see `Registry.cache_root`) and reused by later loads and by Serve replicas on this machine."""
     from rayline.model import Predictor
     from rayline.registry import Registry
     from rayline.workspace import workspace as make_workspace
