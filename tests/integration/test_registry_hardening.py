@@ -49,13 +49,20 @@ def _first_start(ws_path: str, go, results) -> None:
 
         spec = load_spec(SPEC)
         ws = workspace(ws_path)
+        artifact = Path(ws_path).parent / f"artifact-{os.getpid()}"
+        artifact.mkdir(parents=True)
+        (artifact / "rayline.json").write_text("{}")
         go.wait(120)  # every process opens the brand-new store at the same moment
-        results.put(("ok", Registry(ws.ensure()).start_pipeline_run(spec, str(SPEC))))
+        registry = Registry(ws.ensure())
+        run_id = registry.start_pipeline_run(spec, str(SPEC))
+        results.put(("ok", registry.register(run_id, spec.name, str(artifact), {"valid_accuracy": 0.5}, {}).version))
     except BaseException as exc:  # reported to the test, not swallowed
         results.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
 def test_concurrent_first_starts_on_one_fresh_workspace_all_succeed(tmp_path):
+    """Three runs starting at once on a new workspace: each opens the store, starts its MLflow run
+    and registers its version of one model."""
     # Without the store lock and the tolerant get-or-create, 3 of 4 such starts died with
     # "table ... already exists" / "Online migration expected to match one row".
     ctx = mp.get_context("spawn")
@@ -74,6 +81,7 @@ def test_concurrent_first_starts_on_one_fresh_workspace_all_succeed(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'ws' / 'mlflow.db'}")
     (experiment,) = [e for e in client.search_experiments() if e.name.startswith("rayline/")]
     assert len(client.search_runs([experiment.experiment_id])) == 3
+    assert sorted(o[1] for o in outcomes) == ["1", "2", "3"]  # each run registered its own version
 
 
 # ----------------------------------------------------------------- odd names
