@@ -12,6 +12,7 @@ up (`sweep_orphans`): a SIGKILLed run or a Ray worker killed mid-report leaks no
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -56,16 +57,30 @@ class Workspace:
         return self.root / "tmp"
 
     def ensure(self) -> "Workspace":
-        (self.root / "runs").mkdir(parents=True, exist_ok=True)
-        (self.root / "mlartifacts").mkdir(parents=True, exist_ok=True)
+        with self._writable():
+            (self.root / "runs").mkdir(parents=True, exist_ok=True)
+            (self.root / "mlartifacts").mkdir(parents=True, exist_ok=True)
         return self
 
     def temp_dir(self, kind: str) -> str:
         """A fresh directory under `tmp_dir` owned by this process; the caller removes it.
         Directories left by dead processes of this node are removed first."""
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
-        sweep_orphans(self.tmp_dir, f"{kind}-")
-        return owned_tempdir(self.tmp_dir, f"{kind}-")
+        with self._writable():
+            self.tmp_dir.mkdir(parents=True, exist_ok=True)
+            sweep_orphans(self.tmp_dir, f"{kind}-")
+            return owned_tempdir(self.tmp_dir, f"{kind}-")
+
+    @contextlib.contextmanager
+    def _writable(self):
+        """OSError (read-only, permissions, disk full) -> one line naming the workspace."""
+        try:
+            yield
+        except OSError as exc:
+            from rayline.errors import RaylineError
+
+            raise RaylineError(f"workspace {self.root}: cannot write {exc.filename or self.root}: "
+                               f"{exc.strerror or exc} (allowed: a writable directory, "
+                               "chosen with --workspace or RAYLINE_WORKSPACE)") from exc
 
 
 def workspace(path: str | os.PathLike | None = None, tracking_uri: str | None = None) -> Workspace:

@@ -179,6 +179,15 @@ def test_read_only_workspace_reads_and_refuses_writes_in_one_line(tmp_path):
         out = wrote.stdout.strip()
         assert wrote.returncode == 1 and out.startswith("RegistryError MLflow") and "\n" not in out, wrote
         assert "cannot start a run for pipeline 'digits'" in out and "not writable" in out, out
+        # The run's own directories (runs/, staging) in a read-only workspace: one line too.
+        code = ("from rayline.workspace import workspace; import sys\n"
+                f"try: workspace({str(empty / 'ws')!r}).ensure()\n"
+                "except Exception as e: print(type(e).__name__, e); sys.exit(1)")
+        made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                              preexec_fn=_without_root_privileges)
+        out = made.stdout.strip()
+        assert made.returncode == 1 and out.startswith(f"RaylineError workspace {empty / 'ws'}: cannot write"), made
+        assert "Permission denied" in out and "\n" not in out, out
     finally:
         for p in (ws.root, empty):
             for q in [p, *p.rglob("*")]:
