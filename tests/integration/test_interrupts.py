@@ -273,6 +273,7 @@ def test_a_sweep_that_can_never_fit_fails_before_training(ray_session, ws):
     assert ResourceError.exit_code == 3
 
 
+@pytest.mark.timeout(180)  # without the deadline Train retried the start-up forever: fail, not hang
 def test_workers_that_cannot_be_placed_fail_within_the_deadline(ray_session, ws, monkeypatch):
     import ray
 
