@@ -99,7 +99,12 @@ class _RedactMlflowLogs(logging.Filter):
         super().__init__()
         self.uri = uri
 
+    # The libraries that talk to the store on MLflow's behalf; other loggers' records are left alone.
+    SOURCES = ("mlflow", "sqlalchemy", "alembic", "urllib3", "requests")
+
     def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.SOURCES):
+            return True
         try:
             message = record.getMessage()
         except Exception:

@@ -213,7 +213,7 @@ def store(tmp_path):
     return Registry(ws), load_spec(SPEC), ws.root / "mlflow.db"
 
 
-def test_locked_database_is_a_one_line_error(store):
+def test_locked_database_is_a_one_line_error(store, capfd):
     # Another process holding SQLite's write lock past MLflow's own 20 s wait.
     from rayline.errors import RegistryError
     from rayline.registry import SQLITE_BUSY_TIMEOUT_S
@@ -231,6 +231,8 @@ def test_locked_database_is_a_one_line_error(store):
     message = str(info.value)
     assert "\n" not in message and "cannot start a run for pipeline 'digits'" in message
     assert "locked by another process" in message, message
+    # MLflow logs the SQLAlchemy error with a traceback: one line of it, unless RAYLINE_DEBUG=1.
+    assert "Traceback" not in capfd.readouterr().err
 
 
 # ----------------------------------------------------------------- secrets in tracking URIs
