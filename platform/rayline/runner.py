@@ -12,7 +12,6 @@ import json
 import os
 import shlex
 import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
