@@ -240,13 +240,21 @@ def test_locked_database_is_a_one_line_error(store, capfd):
 @pytest.mark.parametrize("uri, secret", [
     ("postgresql://rayline:Pa55-w0rd-x@127.0.0.1:1/mlflow", "Pa55-w0rd-x"),
     ("postgresql://rayline@127.0.0.1:1/mlflow?password=Pa55-w0rd-y", "Pa55-w0rd-y"),
+    ("https://rayline:t0ken-z@127.0.0.1:1", "t0ken-z"),
+    # No host to check first: fails in MLflow (no driver installed, or no such socket).
+    ("postgresql://rayline:Pa55-w0rd-s@/mlflow?host=/nonexistent", "Pa55-w0rd-s"),
 ])
 def test_failing_store_error_never_shows_the_password(tmp_path, uri, secret):
-    # Without a PostgreSQL driver installed this fails on the import; with one, on the closed port.
-    proc = _cli("models", "-w", str(tmp_path / "ws"), env={"RAYLINE_TRACKING_URI": uri}, timeout=300)
+    # A closed port answers in milliseconds; MLflow alone would retry for minutes (4 min for https).
+    no_proxy = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    started = time.monotonic()
+    proc = _cli("models", "-w", str(tmp_path / "ws"), env={"RAYLINE_TRACKING_URI": uri, **no_proxy}, timeout=300)
     line = _error_line(proc)
-    assert proc.returncode == 1 and line.startswith("error: MLflow (postgresql://"), line
+    scheme = uri.split("://")[0]
+    assert proc.returncode == 1 and line.startswith(f"error: MLflow ({scheme}://"), line
     assert secret not in proc.stderr + proc.stdout and "***" in line, line
+    if "127.0.0.1:1" in uri:
+        assert "127.0.0.1:1 does not answer" in line and time.monotonic() - started < 60, line
 
 
 # ----------------------------------------------------------------- temporary directories
