@@ -135,6 +135,7 @@ def _run_with_progress(spec, ws, spec_path, deploy, host, port, **options):
             task = tasks.get(stage)
             if task is None:
                 return
+            detail = _shown(detail)  # data paths may be presigned URLs or carry user:token@
             if event == "start":
                 progress.start_task(task)
                 progress.update(task, description=f"{stage} {detail}")
@@ -346,10 +347,21 @@ def _debug() -> bool:
     return os.environ.get("RAYLINE_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _known_uris() -> list[str | None]:
+    return [os.environ.get(k) for k in ("RAYLINE_TRACKING_URI", "MLFLOW_TRACKING_URI", "RAY_ADDRESS")]
+
+
+def _shown(text: str) -> str:
+    """Text from an exception as the terminal may show it: credentials in any URI masked."""
+    from rayline.redact import redact_text
+
+    return redact_text(text, *_known_uris())
+
+
 def _print_chain(exc: BaseException) -> None:
     import traceback
 
-    err_console.print("".join(traceback.format_exception(exc)).rstrip())
+    err_console.print(_shown("".join(traceback.format_exception(exc)).rstrip()))
 
 
 def main() -> None:
@@ -358,7 +370,7 @@ def main() -> None:
     except RaylineError as exc:
         if _debug():
             _print_chain(exc)
-        err_console.print(styled(("error:", "red"), f" {exc}"))
+        err_console.print(styled(("error:", "red"), " " + _shown(str(exc))))
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
         if _debug():
@@ -368,10 +380,10 @@ def main() -> None:
     except Exception as exc:  # a bug in rayline or a library it calls: one line, the chain on request
         if _debug():
             _print_chain(exc)
-            err_console.print(styled(("internal error:", "red"), f" {type(exc).__name__}: {exc}"))
+            err_console.print(styled(("internal error:", "red"), _shown(f" {type(exc).__name__}: {exc}")))
         else:
-            err_console.print(styled(("internal error:", "red"), f" {type(exc).__name__}: {exc} "
-                                     "(set RAYLINE_DEBUG=1 for the traceback, and please report it)"))
+            err_console.print(styled(("internal error:", "red"), _shown(f" {type(exc).__name__}: {exc}"),
+                                     " (set RAYLINE_DEBUG=1 for the traceback, and please report it)"))
         sys.exit(1)
 
 

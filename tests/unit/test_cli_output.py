@@ -113,3 +113,17 @@ def test_a_long_error_stays_one_line_when_output_is_not_a_terminal(tmp_path):
     assert out.returncode == 2
     line = next(ln for ln in out.stderr.splitlines() if ln.lstrip().startswith("name:"))
     assert long_name in line and line.rstrip().endswith(")")
+
+
+def test_errors_never_show_the_tracking_uri_password(monkeypatch, capsys):
+    uri = "postgresql://mlflow:s3cret-pw@127.0.0.1:1/mlflow"
+    monkeypatch.setenv("RAYLINE_TRACKING_URI", uri)
+
+    def leak():
+        return ConnectionError(f"could not connect to {uri} (password s3cret-pw rejected)")
+
+    for debug in (False, True):
+        code, err = _run_main(monkeypatch, capsys, leak, debug=debug)
+        assert code == 1
+        assert "s3cret-pw" not in err
+        assert "postgresql://mlflow:***@127.0.0.1:1/mlflow" in err
