@@ -91,7 +91,7 @@ def _interrupt_when(cmd: list[str], cwd: Path, ready, timeout_s: float = 150.0):
             time.sleep(0.25)
         seen |= _descendants(proc.pid)
         sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground process group
         rc = proc.wait(timeout=90)
         assert time.monotonic() - sent < 60, "Ctrl-C took over a minute to take effect"
     finally:
