@@ -171,7 +171,7 @@ def _print_summary(summary, spec) -> None:
     console.print(styled("registered: model ", (summary.name, "bold"), " version ", (str(summary.version), "bold"),
                          f" (MLflow run {summary.run_id})"))
     if summary.resumed_from:
-        console.print(f"resumed after failures from epochs {summary.resumed_from}")
+        console.print(f"worker failures: training restarted from the checkpoints of epochs {summary.resumed_from}")
     if summary.endpoint:
         example = _example_instance(spec)
         body = json.dumps({"instances": [example]})

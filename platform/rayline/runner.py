@@ -166,6 +166,11 @@ def run_pipeline(
     resume_command = resume_command or shlex.join(
         ["rayline", "run", spec_path or f"<{spec.name} spec>", "--workspace", str(ws.root), "--resume"])
 
+    if deploy and spec.serve is not None:
+        from rayline.serve.address import serve_address
+
+        serve_address(host, port)  # a port another process holds fails now, not after training
+
     on_stage("data", "start", f"{spec.data.source.format} {spec.data.source.name or spec.data.source.path}")
     t0 = time.monotonic()
     try:

@@ -109,8 +109,8 @@ TIME_ATTR = "units_trained"
 def total_units(spec: PipelineSpec) -> int:
     """Epochs (or rounds) a trial of `spec` trains at most, over every draw of the space.
 
-    The backend says what its unit is (`total_units(model_params, epochs)`, e.g. xgboost's
-    num_boost_round); a backend without one trains `train.epochs` epochs.
+    The backend says what its unit is (`Backend.total_units`: epochs, or xgboost's
+    num_boost_round).
     """
     from rayline.train.catalog import load_backend
 
@@ -122,8 +122,7 @@ def total_units(spec: PipelineSpec) -> int:
     except RaylineError:
         largest = spec  # a value the spec rejects never reaches a trial either
     backend = load_backend(spec.model.framework)
-    units = getattr(backend, "total_units", None)
-    count = units(dict(largest.model.params or {}), largest.train.epochs) if units else largest.train.epochs
+    count = backend.total_units(dict(largest.model.params or {}), largest.train.epochs)
     return max(1, int(count))
 
 

@@ -57,6 +57,14 @@ class Backend(ABC):
         """Environment variables the training workers and serving replicas need."""
         return {}
 
+    def total_units(self, model_params: dict, epochs: int) -> int:
+        """Units of training a run does at most: ASHA's clock (`tune.asha_settings`).
+
+        Epochs by default; a backend that trains in other units (xgboost: boosting rounds)
+        says how many its parameters give.
+        """
+        return epochs
+
 
 def import_callable(ref: str, search_paths: list[str]) -> Callable[..., Any]:
     """Import 'module.path:callable', looking in `search_paths` as well as sys.path."""
