@@ -232,6 +232,9 @@ def models(name: Optional[str] = typer.Argument(None, help="A model name; defaul
            workspace: Optional[Path] = WorkspaceOpt,
            output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
     """Registered models, their versions and metrics."""
+    # MLflow logs its store set-up at INFO ("Creating initial MLflow database tables...")
+    # into the table's output; it reads this when first imported.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     from rayline.redact import redact_uri
     from rayline.registry import Registry
 

@@ -127,3 +127,10 @@ def test_errors_never_show_the_tracking_uri_password(monkeypatch, capsys):
         assert code == 1
         assert "s3cret-pw" not in err
         assert "postgresql://mlflow:***@127.0.0.1:1/mlflow" in err
+
+
+def test_models_on_a_fresh_workspace_prints_only_its_answer(tmp_path):
+    out = rayline("models", "-w", str(tmp_path / "ws"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "no registered models yet: run `rayline run SPEC`"
+    assert "INFO" not in out.stderr and "Creating initial MLflow database tables" not in out.stderr, out.stderr
