@@ -170,7 +170,11 @@ def _print_summary(summary, spec) -> None:
         console.print(trials)
     console.print(styled("registered: model ", (summary.name, "bold"), " version ", (str(summary.version), "bold"),
                          f" (MLflow run {summary.run_id})"))
-    if summary.resumed_from:
+    if summary.resumed_run:
+        console.print(f"resumed the interrupted run {summary.resumed_run}"
+                      + (f": training continued from the checkpoints of epochs {summary.resumed_from}"
+                         if summary.resumed_from else ""))
+    elif summary.resumed_from:
         console.print(f"worker failures: training restarted from the checkpoints of epochs {summary.resumed_from}")
     if summary.endpoint:
         example = _example_instance(spec)

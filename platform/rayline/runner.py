@@ -41,6 +41,7 @@ class RunSummary:
     run_id: str = ""
     rows: dict = field(default_factory=dict)
     resumed_from: list = field(default_factory=list)
+    resumed_run: str | None = None  # `--resume`: the interrupted run (experiment) this one continued
     seconds: dict = field(default_factory=dict)
 
 
@@ -295,6 +296,7 @@ def run_pipeline(
         name=spec.name, version=mv.version, task=data.task, metric=metric,
         valid_metrics=winner.metrics, test_metrics=test_metrics, trials=trials, endpoint=endpoint,
         run_id=run_id, rows=data.rows, resumed_from=winner.resumed_from, seconds=seconds,
+        resumed_run=experiment if previous else None,
     )
 
 

@@ -199,7 +199,7 @@ def test_ctrl_c_during_training_registers_nothing_and_resume_finishes_it(tmp_pat
     done = subprocess.run(cmd + ["--resume"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(client.search_model_versions("name='irisplain'")) == 1
-    assert "resumed" in done.stdout
+    assert "resumed the interrupted run irisplain-" in done.stdout, done.stdout
 
 
 def test_resume_without_an_interrupted_run_or_with_a_changed_spec_is_refused(tmp_path, ray_session, ws):
