@@ -137,3 +137,73 @@ def test_serve_configs_parse_and_build_the_application(config):
     assert app.import_path == "rayline.serve.app:build_app"
     application = build_app(app.args)  # builds without a running Ray
     assert type(application).__name__ == "Application"
+
+
+# ---------------------------------------------------------------- Ray cluster launcher (deploy/launcher)
+
+LAUNCHER = sorted((ROOT / "deploy" / "launcher").glob("*.yaml"))
+
+
+def _launcher_schema():
+    import ray.autoscaler
+
+    return json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
+
+
+def test_launcher_configs_exist_for_aws_and_gcp():
+    assert {p.stem for p in LAUNCHER} == {"aws", "gcp"}
+
+
+@pytest.mark.parametrize("path", LAUNCHER, ids=lambda p: p.name)
+def test_launcher_config_passes_rays_own_schema_and_fill_out(path):
+    """Ray's launcher schema (inside the ray package) on the file as written, then Ray's own
+    default fill-out and validation, as `ray up` does before it talks to the cloud."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    raw = yaml.safe_load(path.read_text())
+    jsonschema.validate(raw, _launcher_schema())
+    validate_config(prepare_config(raw))
+
+
+def test_launcher_schema_check_catches_a_misspelt_key():
+    raw = yaml.safe_load(LAUNCHER[0].read_text())
+    raw["max_worker"] = raw.pop("max_workers")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(raw, _launcher_schema())
+
+
+@pytest.mark.parametrize("path", LAUNCHER, ids=lambda p: p.name)
+def test_launcher_config_is_closed_by_default(path):
+    """Token auth on every node, the token file shipped, the dashboard (Jobs API) on loopback
+    only, and on AWS no inbound rule but SSH from a named range."""
+    raw = yaml.safe_load(path.read_text())
+    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands")
+              for c in raw[key] if "ray start" in c]
+    assert len(starts) == 2
+    for command in starts:
+        assert "RAY_AUTH_MODE=token" in command, command
+        assert "RAY_SERVE_ENABLE_HA_PROXY=1" in command and "RAY_SERVE_THROUGHPUT_OPTIMIZED=1" in command
+        assert "0.0.0.0" not in command
+    head = next(c for c in starts if "--head" in c)
+    assert "--dashboard-host=127.0.0.1" in head
+    assert raw["file_mounts"].get("~/.ray/auth_token") == "~/.ray/auth_token"
+    image = raw["docker"]["image"]
+    assert image.endswith(":0.1.0")
+    if raw["provider"]["type"] == "aws":
+        rules = raw["provider"]["security_group"]["IpPermissions"]
+        assert [(r["FromPort"], r["ToPort"]) for r in rules] == [(22, 22)]
+        cidrs = [ip["CidrIp"] for r in rules for ip in r["IpRanges"]]
+        assert cidrs and "0.0.0.0/0" not in cidrs
+
+
+def test_launcher_base_image_is_the_pinned_ray():
+    import ray
+
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert f"FROM rayproject/ray:{ray.__version__}-" in dockerfile
+
+
+def test_docker_build_context_leaves_out_state_and_secrets():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".git", ".rayline", "**/auth_token", ".env"} <= ignored
