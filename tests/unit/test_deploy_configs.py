@@ -11,7 +11,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "tests" / "data" / "kuberay-crds"  # vendored: see its README
-MANIFESTS = sorted((ROOT / "deploy" / "kuberay").glob("*.yaml"))
+KUBERAY_FILES = sorted((ROOT / "deploy" / "kuberay").glob("*.yaml"))
+# Ray resources (validated against the vendored CRDs); NetworkPolicies are checked by hand below.
+MANIFESTS = [p for p in KUBERAY_FILES
+             if all(d.get("apiVersion") == "ray.io/v1" for d in yaml.safe_load_all(p.read_text()))]
 
 
 def _closed(schema):
@@ -137,6 +140,351 @@ def test_serve_configs_parse_and_build_the_application(config):
     assert app.import_path == "rayline.serve.app:build_app"
     application = build_app(app.args)  # builds without a running Ray
     assert type(application).__name__ == "Application"
+
+
+# ---------------------------------------------------------------- KubeRay: every file, every container
+
+NETWORK_POLICIES = [p for p in KUBERAY_FILES if p not in MANIFESTS]
+_RAY_KINDS = {"RayCluster", "RayJob", "RayService"}
+
+
+def _ray_docs():
+    return [yaml.safe_load(p.read_text()) for p in MANIFESTS]
+
+
+def test_every_kuberay_file_is_a_ray_resource_or_a_network_policy():
+    """Nothing in deploy/kuberay escapes the checks: a Ray resource goes through its CRD schema,
+    a NetworkPolicy through the hand check below, any other kind fails here."""
+    kinds = set()
+    for path in KUBERAY_FILES:
+        for doc in yaml.safe_load_all(path.read_text()):
+            kinds.add(doc["kind"])
+            if doc["apiVersion"] == "ray.io/v1":
+                assert path in MANIFESTS, path.name
+                _crd_validator(doc["kind"]).validate(doc)
+            else:
+                assert (doc["apiVersion"], doc["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy"), path.name
+                assert path in NETWORK_POLICIES
+    assert kinds == _RAY_KINDS | {"NetworkPolicy"}
+
+
+def test_strict_validation_catches_a_misspelt_raycluster_key():
+    manifest = yaml.safe_load((ROOT / "deploy" / "kuberay" / "raycluster.yaml").read_text())
+    manifest["spec"]["workerGroupSpecs"][1]["numOfHost"] = manifest["spec"]["workerGroupSpecs"][1].pop("numOfHosts")
+    with pytest.raises(jsonschema.ValidationError, match="numOfHost"):
+        _crd_validator("RayCluster").validate(manifest)
+
+
+def _containers(node, where=""):
+    """Every container anywhere in a document (head, worker groups, submitter, any sidecar a
+    later edit adds), found by walking it rather than by listing known places."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("containers", "initContainers") and isinstance(value, list):
+                for i, container in enumerate(value):
+                    yield f"{where}.{key}[{container.get('name', i)}]", container
+            else:
+                yield from _containers(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _containers(value, f"{where}[{i}]")
+
+
+def _resource_problems(manifest):
+    """Containers without cpu and memory in both requests and limits; the autoscaler sidecar
+    (which KubeRay adds when in-tree autoscaling is on) and the RayJob submitter (KubeRay's
+    default one has no limits) count as containers too."""
+    sized = list(_containers(manifest))
+    cluster = _cluster_spec(manifest) or {}
+    if cluster.get("enableInTreeAutoscaling"):
+        sized.append(("autoscalerOptions", cluster.get("autoscalerOptions") or {}))
+    problems = []
+    if manifest["kind"] == "RayJob" and manifest["spec"].get("submissionMode", "K8sJobMode") == "K8sJobMode" \
+            and "submitterPodTemplate" not in manifest["spec"]:
+        problems.append("RayJob submitter: no submitterPodTemplate (KubeRay's default has no limits)")
+    for where, container in sized:
+        resources = container.get("resources") or {}
+        for kind in ("requests", "limits"):
+            missing = {"cpu", "memory"} - set(resources.get(kind) or {})
+            if missing:
+                problems.append(f"{where}: no {kind} for {', '.join(sorted(missing))}")
+    return problems
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_container_has_cpu_and_memory_requests_and_limits(path):
+    manifest = yaml.safe_load(path.read_text())
+    assert len(list(_containers(manifest))) >= 2
+    assert _resource_problems(manifest) == []
+
+
+@pytest.mark.parametrize("name, mutate, problem", [
+    ("raycluster.yaml", lambda m: m["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"].pop("requests"),
+     "workerGroupSpecs[0].template.spec.containers[ray-worker]: no requests for cpu, memory"),
+    ("raycluster.yaml", lambda m: m["spec"]["autoscalerOptions"].pop("resources"), "autoscalerOptions: no limits"),
+    ("raycluster.yaml", lambda m: m["spec"]["headGroupSpec"]["template"]["spec"]["containers"].append(
+        {"name": "log-shipper", "image": "fluent-bit", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}),
+     "containers[log-shipper]: no requests"),
+    ("rayservice-digits.yaml", lambda m: m["spec"]["rayClusterConfig"].pop("autoscalerOptions"), "autoscalerOptions: no requests"),
+    ("rayjob-digits.yaml", lambda m: m["spec"].pop("submitterPodTemplate"), "no submitterPodTemplate"),
+    ("rayjob-digits.yaml", lambda m: m["spec"]["submitterPodTemplate"]["spec"]["containers"][0]["resources"]["limits"].pop("memory"),
+     "submitterPodTemplate.spec.containers[ray-job-submitter]: no limits for memory"),
+])
+def test_resource_check_catches_an_unsized_container(name, mutate, problem):
+    manifest = yaml.safe_load((ROOT / "deploy" / "kuberay" / name).read_text())
+    mutate(manifest)
+    _crd_validator(manifest["kind"]).validate(manifest)  # still valid: only this check catches it
+    assert any(problem in p for p in _resource_problems(manifest)), _resource_problems(manifest)
+
+
+def _serves(manifest):
+    """A RayService serves; so does a RayCluster (`rayline submit` ends by serving the model) and
+    a RayJob whose pipeline is not run with --no-serve."""
+    return manifest["kind"] != "RayJob" or "--no-serve" not in manifest["spec"]["entrypoint"]
+
+
+def _ray_containers(manifest):
+    """The Ray container of each group: KubeRay runs Ray in the first container of the pod."""
+    cluster = _cluster_spec(manifest)
+    groups = [("head", cluster["headGroupSpec"])] + [(g["groupName"], g) for g in cluster.get("workerGroupSpecs") or []]
+    return [(name, group["template"]["spec"]["containers"][0]) for name, group in groups]
+
+
+_SERVE_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
+
+def _serve_env_problems(manifest):
+    problems = []
+    for name, container in _ray_containers(manifest):
+        env = {e["name"]: e.get("value") for e in container.get("env") or []}
+        for key, value in _SERVE_ENV.items():
+            if env.get(key) != value:
+                problems.append(f"{name} group: {key} is {env.get(key)!r}, not {value!r}")
+    return problems
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_clusters_that_serve_set_serves_fast_ingress_env_on_every_ray_container(path):
+    manifest = yaml.safe_load(path.read_text())
+    assert _serve_env_problems(manifest) == [] or not _serves(manifest)  # a --no-serve RayJob needs none
+
+
+def test_serve_env_check_catches_a_group_without_it():
+    manifest = yaml.safe_load((ROOT / "deploy" / "kuberay" / "raycluster.yaml").read_text())
+    manifest["spec"]["workerGroupSpecs"][1]["template"]["spec"]["containers"][0]["env"].pop(0)
+    assert _serve_env_problems(manifest) == ["tpu group: RAY_SERVE_ENABLE_HA_PROXY is None, not '1'"]
+
+
+def _raycluster():
+    return yaml.safe_load((ROOT / "deploy" / "kuberay" / "raycluster.yaml").read_text())
+
+
+def _accelerator_problems(manifest):
+    spec = manifest["spec"]
+    problems = []
+    if spec["headGroupSpec"]["rayStartParams"].get("num-cpus") != "0":
+        problems.append("head: rayStartParams num-cpus is not \"0\"")
+    if not spec.get("enableInTreeAutoscaling"):
+        problems.append("in-tree autoscaling off")
+    by_resource = {}
+    for group in spec["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        limits = pod["containers"][0]["resources"]["limits"]
+        for resource in ("nvidia.com/gpu", "google.com/tpu"):
+            if resource in limits:
+                by_resource[resource] = (group, pod)
+    if "nvidia.com/gpu" not in by_resource:
+        problems.append("no worker group with nvidia.com/gpu limits")
+    else:
+        group, pod = by_resource["nvidia.com/gpu"]
+        if not pod.get("nodeSelector") or not any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations") or []):
+            problems.append(f"{group['groupName']}: no GPU nodeSelector / nvidia.com/gpu toleration")
+    if "google.com/tpu" not in by_resource:
+        problems.append("no worker group with google.com/tpu limits")
+    else:
+        group, pod = by_resource["google.com/tpu"]
+        selector = pod.get("nodeSelector") or {}
+        for key in ("cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology"):
+            if not selector.get(key):
+                problems.append(f"{group['groupName']}: no nodeSelector {key}")
+        if group.get("numOfHosts", 1) < 1:
+            problems.append(f"{group['groupName']}: numOfHosts {group.get('numOfHosts')}")
+    return problems
+
+
+def test_raycluster_has_a_cpu_head_a_gpu_group_and_a_gke_tpu_group():
+    import ray
+
+    manifest = _raycluster()
+    assert _accelerator_problems(manifest) == []
+    assert manifest["spec"]["rayVersion"] == ray.__version__
+    assert {c["image"] for _, c in _containers(manifest)} == {"rayline:0.1.0"}
+    assert "deploy/Dockerfile" in (ROOT / "deploy" / "kuberay" / "raycluster.yaml").read_text().split("apiVersion:")[0]
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda s: s["workerGroupSpecs"][1]["template"]["spec"]["nodeSelector"].pop("cloud.google.com/gke-tpu-topology"),
+     "tpu: no nodeSelector cloud.google.com/gke-tpu-topology"),
+    (lambda s: s["workerGroupSpecs"][1]["template"]["spec"]["nodeSelector"].pop("cloud.google.com/gke-tpu-accelerator"),
+     "tpu: no nodeSelector cloud.google.com/gke-tpu-accelerator"),
+    (lambda s: s["workerGroupSpecs"].pop(1), "no worker group with google.com/tpu limits"),
+    (lambda s: s["workerGroupSpecs"][0]["template"]["spec"].pop("tolerations"), "gpu: no GPU nodeSelector"),
+    (lambda s: s["headGroupSpec"].update(rayStartParams={}), "head: rayStartParams num-cpus"),
+    (lambda s: s.pop("enableInTreeAutoscaling"), "in-tree autoscaling off"),
+])
+def test_accelerator_check_catches_a_missing_piece(mutate, problem):
+    manifest = _raycluster()
+    mutate(manifest["spec"])
+    _crd_validator("RayCluster").validate(manifest)
+    assert any(p.startswith(problem) for p in _accelerator_problems(manifest)), _accelerator_problems(manifest)
+
+
+def _serve_config_problems(manifest):
+    """serveConfigV2 must be a Ray Serve config whose import paths resolve (imported, not built)."""
+    import importlib
+
+    from pydantic import ValidationError
+    from ray.serve.schema import ServeDeploySchema
+
+    try:
+        schema = ServeDeploySchema.model_validate(yaml.safe_load(manifest["spec"]["serveConfigV2"]))
+    except ValidationError as exc:
+        return [f"serveConfigV2: {exc.errors()[0]['msg']}"]
+    problems = []
+    for app in schema.applications:
+        module, _, attr = app.import_path.partition(":")
+        try:
+            target = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            problems.append(f"{app.name}: {app.import_path} does not import ({exc})")
+            continue
+        if not callable(target):
+            problems.append(f"{app.name}: {app.import_path} is not callable")
+    return problems
+
+
+@pytest.mark.parametrize("path", [p for p in MANIFESTS if yaml.safe_load(p.read_text())["kind"] == "RayService"],
+                         ids=lambda p: p.name)
+def test_rayservice_serve_config_names_an_importable_application(path):
+    manifest = yaml.safe_load(path.read_text())
+    assert _serve_config_problems(manifest) == []
+    assert yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"][0]["import_path"] == "rayline.serve.app:build_app"
+
+
+@pytest.mark.parametrize("config, problem", [
+    ("applications:\n  - name: digits\n    import_path: rayline.serve.app:no_such_builder\n", "does not import"),
+    ("applications:\n  - name: digits\n    import_path: rayline.no_such_module:build_app\n", "does not import"),
+    ("applications:\n  - name: digits\n", "serveConfigV2: Field required"),
+])
+def test_serve_config_check_catches_a_bad_application(config, problem):
+    manifest = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayservice-digits.yaml").read_text())
+    manifest["spec"]["serveConfigV2"] = config
+    assert any(problem in p for p in _serve_config_problems(manifest)), _serve_config_problems(manifest)
+
+
+def test_rayservice_upgrades_incrementally_through_the_gateway_api():
+    """The CRD leaves upgradeStrategy.type a free string, so a typo would pass the schema and
+    KubeRay would reject it at apply time: pin the value, its required options, and the comment."""
+    path = ROOT / "deploy" / "kuberay" / "rayservice-digits.yaml"
+    strategy = yaml.safe_load(path.read_text())["spec"]["upgradeStrategy"]
+    assert strategy["type"] == "NewClusterWithIncrementalUpgrade"
+    options = strategy["clusterUpgradeOptions"]
+    assert options["gatewayClassName"] and 0 < options["stepSizePercent"] <= 100 and options["intervalSeconds"] > 0
+    assert 0 < options.get("maxSurgePercent", 100) <= 100
+    text = path.read_text()
+    assert all(word in text for word in ("Gateway API", "GatewayClass", "RayServiceIncrementalUpgrade"))
+
+
+# ---------------------------------------------------------------- KubeRay: NetworkPolicy (no k8s schema vendored)
+
+_OPERATOR_NAMESPACE = "ray-system"
+
+
+def _policies():
+    return [doc for path in NETWORK_POLICIES for doc in yaml.safe_load_all(path.read_text())]
+
+
+def _selects(selector, manifest):
+    """Whether a policy's podSelector picks the Ray pods of this manifest's cluster: by
+    ray.io/cluster for a RayCluster (its name is the cluster's), by KubeRay's originated-from
+    labels plus ray.io/cluster for the generated clusters of a RayService/RayJob."""
+    labels = selector.get("matchLabels") or {}
+    name = manifest["metadata"]["name"]
+    if manifest["kind"] == "RayCluster":
+        return labels.get("ray.io/cluster") == name
+    return labels.get("ray.io/originated-from-crd") == manifest["kind"] \
+        and labels.get("ray.io/originated-from-cr-name") == name
+
+
+def _policy_problems(policy):
+    """One NetworkPolicy: on Ray pods (selected by ray.io/cluster), ingress only; each rule is
+    either the same cluster (all ports), Serve's 8000 from anywhere, or the dashboard 8265 from the
+    operator namespace (and the cluster's own submitter)."""
+    name = policy.get("metadata", {}).get("name", "?")
+    problems = []
+    if (policy.get("apiVersion"), policy.get("kind")) != ("networking.k8s.io/v1", "NetworkPolicy"):
+        problems.append(f"{name}: {policy.get('apiVersion')}/{policy.get('kind')} is not networking.k8s.io/v1 NetworkPolicy")
+    spec = policy.get("spec") or {}
+    selector = spec.get("podSelector") or {}
+    on_cluster = "ray.io/cluster" in (selector.get("matchLabels") or {}) or any(
+        e.get("key") == "ray.io/cluster" and e.get("operator") in ("Exists", "In") for e in selector.get("matchExpressions") or [])
+    if not on_cluster:
+        problems.append(f"{name}: podSelector does not select on ray.io/cluster")
+    if "Ingress" not in (spec.get("policyTypes") or []):
+        problems.append(f"{name}: policyTypes lacks Ingress")
+    own = {k: v for k, v in (selector.get("matchLabels") or {}).items()}
+    for i, rule in enumerate(spec.get("ingress") or []):
+        ports = sorted(p.get("port") for p in rule.get("ports") or [])
+        peers = rule.get("from")
+        if not peers:
+            if ports != [_SERVE_PORT]:
+                problems.append(f"{name}: ingress[{i}] from anywhere to ports {ports or 'all'}")
+            continue
+        same_cluster = all(set(own.items()) <= set((p.get("podSelector") or {}).get("matchLabels", {}).items())
+                           and set(p) == {"podSelector"} for p in peers)
+        if same_cluster:
+            continue  # Ray's own traffic: GCS, raylets, object manager, worker ports
+        if ports != [8265]:
+            problems.append(f"{name}: ingress[{i}] from outside the cluster to ports {ports or 'all'}")
+        for peer in peers:
+            ns = ((peer.get("namespaceSelector") or {}).get("matchLabels") or {}).get("kubernetes.io/metadata.name")
+            submitter = set(peer) == {"podSelector"} and \
+                set(own.items()) - {("ray.io/cluster", own.get("ray.io/cluster"))} <= set(
+                    (peer["podSelector"].get("matchLabels") or {}).items()) and own.get("ray.io/originated-from-crd") == "RayJob"
+            if not (set(peer) == {"namespaceSelector"} and ns == _OPERATOR_NAMESPACE) and not submitter:
+                problems.append(f"{name}: ingress[{i}] lets {peer} reach the dashboard")
+    return problems
+
+
+def test_network_policies_cover_every_ray_cluster_and_open_only_serve_and_the_operator():
+    policies = _policies()
+    assert policies
+    for policy in policies:
+        assert _policy_problems(policy) == []
+    for manifest in _ray_docs():
+        mine = [p for p in policies if _selects(p["spec"]["podSelector"], manifest)]
+        assert len(mine) == 1, f"{manifest['kind']} {manifest['metadata']['name']}: {len(mine)} policies"
+        rules = mine[0]["spec"]["ingress"]
+        open_ports = [sorted(p["port"] for p in r["ports"]) for r in rules if not r.get("from")]
+        assert open_ports == ([[_SERVE_PORT]] if _serves(manifest) else []), manifest["kind"]
+        assert any([p["port"] for p in r.get("ports", [])] == [8265] for r in rules if r.get("from")), manifest["kind"]
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda p: p.update(apiVersion="extensions/v1beta1"), "is not networking.k8s.io/v1 NetworkPolicy"),
+    (lambda p: p["spec"].update(podSelector={}), "podSelector does not select on ray.io/cluster"),
+    (lambda p: p["spec"].update(policyTypes=["Egress"]), "policyTypes lacks Ingress"),
+    (lambda p: p["spec"]["ingress"][1]["ports"].append({"port": 8265, "protocol": "TCP"}), "from anywhere to ports [8000, 8265]"),
+    (lambda p: p["spec"]["ingress"].append({"from": [{"namespaceSelector": {}}], "ports": [{"port": 6379}]}),
+     "from outside the cluster to ports [6379]"),
+    (lambda p: p["spec"]["ingress"][2]["from"][0].update(
+        namespaceSelector={"matchLabels": {"kubernetes.io/metadata.name": "default"}}), "reach the dashboard"),
+])
+def test_network_policy_check_catches_an_opening(mutate, problem):
+    policy = _policies()[0]
+    assert _policy_problems(policy) == []
+    mutate(policy)
+    assert any(problem in p for p in _policy_problems(policy)), _policy_problems(policy)
 
 
 # ---------------------------------------------------------------- Ray cluster launcher (deploy/launcher)
