@@ -238,7 +238,7 @@ def test_resource_check_catches_an_unsized_container(name, mutate, problem):
 
 
 def _serves(manifest):
-    """A RayService serves; so does a RayCluster (`rayline submit` ends by serving the model) and
+    """A RayService serves; so does a RayCluster (a submitted `rayline run` ends by serving the model) and
     a RayJob whose pipeline is not run with --no-serve."""
     return manifest["kind"] != "RayJob" or "--no-serve" not in manifest["spec"]["entrypoint"]
 
