@@ -18,7 +18,7 @@ from typing import Any
 
 from rayline.errors import InterruptedRun, RaylineError, TrainingError
 from rayline.resources import ResourcePlan
-from rayline.spec import PipelineSpec, apply_overrides, metric_mode
+from rayline.spec import PipelineSpec, apply_overrides, largest_value, metric_mode
 from rayline.train.run import TrainResult, locate_best, train
 
 __all__ = [
@@ -83,11 +83,10 @@ def largest_draw(dist: dict):
     choice/grid: the largest listed value; randint: its high bound (inclusive in rayline);
     uniform/loguniform: the high bound.
     """
-    (kind, args), = dist.items()
-    values = list(args)
+    values = list(next(iter(dist.values())))
     if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         return None
-    return values[1] if kind in ("randint", "uniform", "loguniform") else max(values)
+    return largest_value(dist)
 
 
 def max_workers(spec: PipelineSpec) -> int:
