@@ -3,6 +3,7 @@
 import functools
 import gzip
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -318,7 +319,10 @@ def test_raycluster_has_a_cpu_head_a_gpu_group_and_a_gke_tpu_group():
     manifest = _raycluster()
     assert _accelerator_problems(manifest) == []
     assert manifest["spec"]["rayVersion"] == ray.__version__
-    assert {c["image"] for _, c in _containers(manifest)} == {"rayline:0.1.0"}
+    # GPU pods run the CUDA-ready build of deploy/Dockerfile; every other pod the CPU build.
+    for _, container in _containers(manifest):
+        wants_gpu = "nvidia.com/gpu" in container["resources"]["limits"]
+        assert container["image"] == ("rayline:0.1.0-gpu" if wants_gpu else "rayline:0.1.0"), container["name"]
     assert "deploy/Dockerfile" in (ROOT / "deploy" / "kuberay" / "raycluster.yaml").read_text().split("apiVersion:")[0]
 
 
@@ -548,7 +552,32 @@ def test_launcher_base_image_is_the_pinned_ray():
     import ray
 
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
-    assert f"FROM rayproject/ray:{ray.__version__}-" in dockerfile
+    args = dict(re.findall(r"^ARG (\w+)=(\S*)$", dockerfile, re.M))
+    assert args["RAY_IMAGE"] == f"rayproject/ray:{ray.__version__}-py311-cpu"
+    assert "FROM ${RAY_IMAGE}" in dockerfile
+    # The CPU build takes torch's CPU wheel (PyPI's default torch drags in GBs of CUDA).
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert '--extra-index-url "${TORCH_INDEX_URL}"' in dockerfile
+
+
+def test_dockerfile_documents_a_cuda_build_of_the_same_ray():
+    import ray
+
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    cuda = re.search(r"--build-arg RAY_IMAGE=rayproject/ray:(\S+)-py311-(cu\d+)", dockerfile)
+    assert cuda and cuda.group(1) == ray.__version__
+    # torch's CUDA wheel for the same CUDA major.minor as the Ray base image
+    assert f"TORCH_INDEX_URL=https://download.pytorch.org/whl/{cuda.group(2)}" in dockerfile
+    # the image checks at build time that it carries the pinned Ray
+    assert f"ray.__version__ == '{ray.__version__}'" in dockerfile
+
+
+@pytest.mark.parametrize("name", ["aws.yaml", "gcp.yaml"])
+def test_launcher_gpu_workers_run_the_cuda_image(name):
+    raw = yaml.safe_load((ROOT / "deploy" / "launcher" / name).read_text())
+    cpu_image = raw["docker"]["image"]
+    gpu_image = raw["available_node_types"]["gpu-worker"]["docker"]["worker_image"]
+    assert gpu_image == cpu_image + "-gpu"
 
 
 def test_docker_build_context_leaves_out_state_and_secrets():
