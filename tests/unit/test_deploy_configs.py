@@ -145,7 +145,8 @@ def test_serve_configs_parse_and_build_the_application(config):
 
 # ---------------------------------------------------------------- KubeRay: every file, every container
 
-NETWORK_POLICIES = [p for p in KUBERAY_FILES if p not in MANIFESTS]
+WORKSPACE_PVC = ROOT / "deploy" / "kuberay" / "workspace-pvc.yaml"
+NETWORK_POLICIES = [p for p in KUBERAY_FILES if p not in MANIFESTS and p != WORKSPACE_PVC]
 _RAY_KINDS = {"RayCluster", "RayJob", "RayService"}
 
 
@@ -155,7 +156,8 @@ def _ray_docs():
 
 def test_every_kuberay_file_is_a_ray_resource_or_a_network_policy():
     """Nothing in deploy/kuberay escapes the checks: a Ray resource goes through its CRD schema,
-    a NetworkPolicy through the hand check below, any other kind fails here."""
+    a NetworkPolicy through the hand check below, the workspace volume through its own test, any
+    other kind fails here."""
     kinds = set()
     for path in KUBERAY_FILES:
         for doc in yaml.safe_load_all(path.read_text()):
@@ -163,10 +165,12 @@ def test_every_kuberay_file_is_a_ray_resource_or_a_network_policy():
             if doc["apiVersion"] == "ray.io/v1":
                 assert path in MANIFESTS, path.name
                 _crd_validator(doc["kind"]).validate(doc)
+            elif path == WORKSPACE_PVC:  # checked by the shared-workspace test below
+                assert (doc["apiVersion"], doc["kind"]) == ("v1", "PersistentVolumeClaim")
             else:
                 assert (doc["apiVersion"], doc["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy"), path.name
                 assert path in NETWORK_POLICIES
-    assert kinds == _RAY_KINDS | {"NetworkPolicy"}
+    assert kinds == _RAY_KINDS | {"NetworkPolicy", "PersistentVolumeClaim"}
 
 
 def test_strict_validation_catches_a_misspelt_raycluster_key():
@@ -584,3 +588,23 @@ def test_docker_build_context_leaves_out_state_and_secrets():
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
     assert {".git", ".rayline", "**/auth_token", ".env"} <= ignored
+
+
+def _claim_names(node):
+    if isinstance(node, dict):
+        if "claimName" in node:
+            yield node["claimName"]
+        for value in node.values():
+            yield from _claim_names(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _claim_names(value)
+
+
+def test_shared_workspace_volume_is_read_write_many_and_is_the_one_the_manifests_mount():
+    pvc = yaml.safe_load(WORKSPACE_PVC.read_text())
+    assert (pvc["apiVersion"], pvc["kind"]) == ("v1", "PersistentVolumeClaim")
+    # Checkpoints are written by workers on several nodes and read by replicas on any node.
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    claims = {name for path in MANIFESTS for name in _claim_names(yaml.safe_load(path.read_text()))}
+    assert claims == {pvc["metadata"]["name"]}
