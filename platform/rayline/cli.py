@@ -32,6 +32,8 @@ cluster_app = typer.Typer(help="A local Ray head on this machine that outlives t
 app.add_typer(cluster_app, name="cluster")
 serve_app = typer.Typer(help="Models served by Ray Serve on the connected cluster.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
+jobs_app = typer.Typer(help="Ray Jobs on a cluster, through its Jobs API (the dashboard's address).", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
 
 WorkspaceOpt = typer.Option(None, "--workspace", "-w", envvar="RAYLINE_WORKSPACE",
                             help="State directory (MLflow store, artifacts, runs). Default ./.rayline.")
@@ -126,6 +128,24 @@ def _run_with_progress(spec, ws, spec_path, deploy, host, port, **options):
     from rayline.runner import run_pipeline
 
     stages = ["data", "train", "register"] + (["deploy"] if deploy and spec.serve else [])
+    if not console.is_terminal:
+        # Not a terminal (a Ray job's driver, CI, a pipe): rich's live display would print only its
+        # final frame, when the run is over, so `rayline jobs logs --follow` showed nothing for
+        # minutes. One plain line per stage event instead, as it happens.
+        started: dict[str, float] = {}
+
+        def on_line(stage: str, event: str, detail: str = "") -> None:
+            if stage not in stages:
+                return
+            detail = _shown(detail)
+            if event == "start":
+                started[stage] = time.monotonic()
+                console.print(f"{stage}: started {detail}".rstrip())
+            else:
+                took = time.monotonic() - started.get(stage, time.monotonic())
+                console.print(f"{stage}: done in {took:.1f} s: {detail}".rstrip(": "))
+
+        return run_pipeline(spec, ws, spec_path=spec_path, deploy=deploy, host=host, port=port, on_stage=on_line, **options)
     # markup=False: stage details hold user text (spec names, paths, routes) printed as written.
     with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
                   console=console) as progress:
@@ -347,6 +367,184 @@ def serve_status(
     console.print(table)
     if report.metrics_note:
         console.print(styled((report.metrics_note, "yellow")))
+
+
+JobsAddressOpt = typer.Option(None, "--address", help="The cluster's Jobs API, http://HEAD:8265 (default: "
+                              "RAY_API_SERVER_ADDRESS, RAY_ADDRESS if an http(s) URL, else the head of `rayline cluster up`).")
+HeadWorkspaceOpt = typer.Option(None, "--workspace", "-w", envvar="RAYLINE_WORKSPACE",
+                                help="Workspace where `rayline cluster up` recorded its head (used without --address).")
+JobWorkspaceOpt = typer.Option(None, "--workspace", "-w", envvar="RAYLINE_WORKSPACE",
+                               help="The job's workspace on the cluster: an absolute path its nodes share or an "
+                               "s3:// / gs:// URI (default: a `rayline cluster up` head's own; else RAYLINE_WORKSPACE "
+                               "of the cluster's nodes, else ~/.rayline on the driver's node).")
+
+
+def _local_ws_for(workspace: Optional[str]):
+    """The local workspace where `rayline cluster up` records its head (None for a URI)."""
+    return None if workspace and "://" in workspace else _ws(Path(workspace) if workspace else None)
+
+
+def _jobs_client(address: Optional[str], workspace: Optional[str]):
+    from rayline.jobs import JobsClient, resolve_address
+
+    url, source = resolve_address(address, _local_ws_for(workspace))
+    return JobsClient.connect(url), source
+
+
+def _follow_job(client, job_id: str) -> None:
+    """Stream the job's logs until it ends; exit with its status (see rayline.jobs.exit_code_for)."""
+    from rayline.jobs import exit_code_for
+
+    def write(chunk: str) -> None:
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+    try:
+        client.follow(job_id, write)
+        info = client.info(job_id)
+        deadline = time.monotonic() + 30  # the log stream can close a moment before the status is final
+        while info.status not in ("SUCCEEDED", "FAILED", "STOPPED") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            info = client.info(job_id)
+    except KeyboardInterrupt:
+        err_console.print(f"stopped following {job_id}; the job keeps running on the cluster "
+                          f"(stop it with `rayline jobs stop {job_id}`)")
+        raise typer.Exit(130)
+    status = str(getattr(info.status, "value", info.status))
+    code = exit_code_for(status, getattr(info, "driver_exit_code", None))
+    line = f"job {job_id} {status}" + (f": {_shown(info.message)}" if code and info.message else "")
+    (err_console if code else console).print(line)
+    raise typer.Exit(code)
+
+
+@app.command()
+def submit(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Pipeline spec file, inside the project folder."),
+    address: Optional[str] = JobsAddressOpt,
+    workspace: Optional[str] = JobWorkspaceOpt,
+    project: Optional[Path] = typer.Option(None, "--project", help="The folder shipped as the job's working_dir "
+                                           "(default: the spec's folder)."),
+    set_: List[str] = typer.Option([], "--set", metavar="PATH=VALUE", help="Override a spec key (VALUE is YAML)."),
+    host: Optional[str] = typer.Option(None, "--host", help="HTTP host for Ray Serve on the cluster (default: rayline run's)."),
+    port: Optional[int] = typer.Option(None, "--port", help="HTTP port for Ray Serve on the cluster (default: rayline run's)."),
+    no_serve: bool = typer.Option(False, "--no-serve", help="Train and register only."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Stream the job's logs and exit with its status "
+                                "(0 succeeded, 130 stopped, else the driver's exit code or 1)."),
+    max_file_mb: float = typer.Option(10.0, "--max-file-mb", help="Largest file shipped with the job, in MiB."),
+) -> None:
+    """Submit the pipeline as a Ray Job (Jobs API): the same runner as `rayline run`, on the cluster."""
+    from rayline.jobs import human_size, plan_submission
+    from rayline.jobs import submit as submit_job
+
+    if not max_file_mb > 0:
+        raise RaylineError(f"--max-file-mb: must be > 0 (got {max_file_mb:g})")
+    local_ws = _local_ws_for(workspace)
+    from rayline.jobs import resolve_address
+
+    url, source = resolve_address(address, local_ws)
+    head_here = source.startswith("the head of")
+    submission = plan_submission(spec_path, set_, project=project, workspace=workspace,
+                                 local_head_ws=local_ws.root if head_here and local_ws else None,
+                                 exclude_dirs=(str(local_ws.root),) if local_ws else (), no_serve=no_serve, host=host,
+                                 port=port, max_file_bytes=int(max_file_mb * 1024 * 1024))
+    from rayline.jobs import JobsClient
+
+    client = JobsClient.connect(url)
+    job_id = submit_job(client, submission)
+    pkg = submission.package
+    left = "; ".join(f"{reason}: {len(paths)}" for reason, paths in sorted(pkg.skipped.items()))
+    console.print(f"submitted job {job_id} to {url} (from {source})")
+    console.print(f"  shipped: {len(pkg.files)} files, {human_size(pkg.total_bytes)} from {pkg.root}"
+                  + (f" (left out: {left})" if left else ""))
+    console.print(f"  runs:    {submission.entrypoint}")
+    console.print(f"  workspace on the cluster: {submission.workspace}")
+    console.print(f"  dashboard: {url}/#/jobs/{job_id}")
+    where = "" if source.startswith("the head of") else f" --address {url}"
+    if not follow:
+        console.print(f"  follow:  rayline jobs logs {job_id} --follow{where}")
+        console.print(f"  stop:    rayline jobs stop {job_id}{where}")
+        return
+    _follow_job(client, job_id)
+
+
+def _when(ms) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") if ms else "-"
+
+
+@jobs_app.command("list")
+def jobs_list(address: Optional[str] = JobsAddressOpt, workspace: Optional[str] = HeadWorkspaceOpt,
+              output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
+    """Jobs on the cluster, newest first: id, status, pipeline, start and end."""
+    if output not in ("table", "json"):
+        raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json)")
+    client, _ = _jobs_client(address, workspace)
+    jobs = sorted(client.list(), key=lambda j: j.start_time or 0, reverse=True)
+    rows = [{"job": j.submission_id or j.job_id, "status": str(getattr(j.status, "value", j.status)),
+             "pipeline": (j.metadata or {}).get("rayline_spec", ""), "start": _when(j.start_time), "end": _when(j.end_time),
+             "entrypoint": j.entrypoint} for j in jobs]
+    if output == "json":
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        console.print(f"no jobs on {client.url}")
+        return
+    table = Table(title=f"jobs on {client.url}")
+    for col in ("job", "status", "pipeline", "start", "end"):
+        table.add_column(col, no_wrap=col != "pipeline")
+    for r in rows:
+        table.add_row(r["job"], r["status"], r["pipeline"] or r["entrypoint"][:40], r["start"], r["end"])
+    console.print(table)
+
+
+@jobs_app.command("status")
+def jobs_status(job: str = typer.Argument(..., metavar="JOB", help="Submission id (from `rayline submit` or `jobs list`)."),
+                address: Optional[str] = JobsAddressOpt, workspace: Optional[str] = HeadWorkspaceOpt) -> None:
+    """One job's status, message, times and entrypoint."""
+    client, _ = _jobs_client(address, workspace)
+    info = client.info(job)
+    status = str(getattr(info.status, "value", info.status))
+    console.print(f"job:        {info.submission_id or job}\nstatus:     {status}")
+    if info.message:
+        console.print(f"message:    {_shown(info.message)}")
+    if getattr(info, "driver_exit_code", None) is not None:
+        console.print(f"exit code:  {info.driver_exit_code}")
+    console.print(f"started:    {_when(info.start_time)}\nended:      {_when(info.end_time)}\n"
+                  f"entrypoint: {info.entrypoint}\ndashboard:  {client.url}/#/jobs/{info.submission_id or job}")
+
+
+@jobs_app.command("logs")
+def jobs_logs(job: str = typer.Argument(..., metavar="JOB", help="Submission id."),
+              address: Optional[str] = JobsAddressOpt, workspace: Optional[str] = HeadWorkspaceOpt,
+              follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the job ends; exit with its status.")) -> None:
+    """The job's driver output (the same progress lines and summary as `rayline run`)."""
+    client, _ = _jobs_client(address, workspace)
+    if follow:
+        _follow_job(client, job)
+    sys.stdout.write(client.logs(job))
+    sys.stdout.flush()
+
+
+@jobs_app.command("stop")
+def jobs_stop(job: str = typer.Argument(..., metavar="JOB", help="Submission id."),
+              address: Optional[str] = JobsAddressOpt, workspace: Optional[str] = HeadWorkspaceOpt,
+              wait: float = typer.Option(60.0, "--wait", help="Seconds to wait until it has stopped (0: do not wait).")) -> None:
+    """Stop a running job (SIGTERM to its driver, then SIGKILL); waits until it has stopped."""
+    client, _ = _jobs_client(address, workspace)
+    if not client.stop(job):
+        info = client.info(job)
+        console.print(f"job {job} is not running ({getattr(info.status, 'value', info.status)})")
+        return
+    deadline = time.monotonic() + wait
+    status = "STOPPING"
+    while wait > 0 and time.monotonic() < deadline:
+        info = client.info(job)
+        status = str(getattr(info.status, "value", info.status))
+        if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            break
+        time.sleep(0.5)
+    console.print(f"job {job} {status if status != 'STOPPING' else 'asked to stop'}")
 
 
 def _debug() -> bool:
