@@ -90,8 +90,11 @@ def largest_draw(dist: dict):
 
 
 def max_workers(spec: PipelineSpec) -> int:
-    """The most Train workers any trial can ask for: the plan must fit the largest draw."""
-    workers = spec.train.workers
+    """The most Train workers any trial can ask for: the plan must fit the largest draw.
+
+    Elastic `train.workers: {min, max}` is never tuned (spec.space); its `max` is the most.
+    """
+    workers = spec.train.max_workers
     dist = spec.tune.space.get("train.workers") if spec.tune else None
     top = largest_draw(dist) if dist else None
     return max(workers, int(math.ceil(top))) if top is not None else workers

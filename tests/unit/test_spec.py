@@ -156,7 +156,10 @@ def test_json_schema_is_closed_and_documents_keys():
     assert schema["additionalProperties"] is False
     assert set(schema["required"]) == {"name", "data", "model"}
     train = schema["$defs"]["TrainSpec"]["properties"]
-    assert "description" in train["workers"] and train["workers"]["minimum"] == 1
+    # train.workers: a count, or an elastic {min, max} (its own closed object)
+    count, elastic = train["workers"]["oneOf"]
+    assert "description" in train["workers"] and count["minimum"] == 1 and count["type"] == "integer"
+    assert elastic == {"$ref": "#/$defs/WorkersRange"} and schema["$defs"]["WorkersRange"]["additionalProperties"] is False
 
 
 def _cli(*args, cwd=ROOT):
@@ -198,7 +201,8 @@ def test_problems_carry_their_parts():
         parse_spec(_mutated(lambda d: (d["train"].update(epocs=3), d["serve"]["replicas"].update(min=3, max=2))))
     assert info.value.details == [
         Problem(("train", "epocs"), "unknown key", got="'epocs'",
-                allowed="workers, use_gpu, use_tpu, cpus_per_worker, epochs, batch_size, optimizer, metric, max_failures",
+                allowed="workers, use_gpu, use_tpu, cpus_per_worker, resources_per_worker, accelerator_type, tpu_topology, "
+                        "epochs, batch_size, optimizer, metric, max_failures",
                 hint="epochs"),
         Problem(("serve", "replicas", "max"), "must be >= min", got="max=2, min=3"),
     ]
@@ -223,4 +227,5 @@ def test_odd_keys_are_quoted_so_every_problem_is_one_line(key, shown):
     with pytest.raises(SpecError) as info:
         parse_spec(_mutated(lambda d: d["train"].update({key: 1})))
     assert info.value.problems == [f"train{shown}: unknown key (got {key!r}; allowed: workers, use_gpu, use_tpu, "
-                                   f"cpus_per_worker, epochs, batch_size, optimizer, metric, max_failures)"]
+                                   f"cpus_per_worker, resources_per_worker, accelerator_type, tpu_topology, "
+                                   f"epochs, batch_size, optimizer, metric, max_failures)"]

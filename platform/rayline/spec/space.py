@@ -56,6 +56,9 @@ NOT_TUNABLE = {
     "train.cpus_per_worker": _RESOURCES,
     "train.use_gpu": _RESOURCES,
     "train.use_tpu": _RESOURCES,
+    "train.resources_per_worker": _RESOURCES,
+    "train.accelerator_type": _RESOURCES,
+    "train.tpu_topology": _RESOURCES,
     "model.framework": _FAMILY,
     "model.kind": _FAMILY,
     "model.import": _FAMILY,
@@ -180,6 +183,10 @@ def _path_problem(spec: BaseModel, path: str) -> Problem | None:
             return None
         return Problem(at, f"no such parameter for {spec.model.framework} {spec.model.kind}", got=repr(parts[2]),
                        allowed=", ".join("model.params." + a for a in sorted(allowed)))
+    for i in range(2, len(parts)):
+        if ".".join(parts[:i]) in NOT_TUNABLE:  # train.resources_per_worker.CPU: say why, not "a value"
+            prefix = ".".join(parts[:i])
+            return Problem(at, f"not tunable: {NOT_TUNABLE[prefix]}", got=repr(path), allowed=_tunable_text(spec))
     models = [type(spec)]
     for i, part in enumerate(parts):
         fields = {f.alias or n: f for m in models for n, f in m.model_fields.items()}
@@ -193,10 +200,10 @@ def _path_problem(spec: BaseModel, path: str) -> Problem | None:
         if not models and i < len(parts) - 1:
             where = ".".join(parts[: i + 1])
             return Problem(at, f"{where} is a value, not a section", got=repr(path), allowed=where)
+    if path in TUNABLE:
+        return None  # train.workers is a number or an elastic {min, max}: a sweep draws numbers
     if models:
         return Problem(at, "names a section, not a value", got=repr(path), allowed="one of its fields")
-    if path in TUNABLE:
-        return None
     reason = NOT_TUNABLE.get(path)
     return Problem(at, "not tunable" + (f": {reason}" if reason else ""), got=repr(path), allowed=_tunable_text(spec))
 
@@ -232,9 +239,32 @@ def _draws(kind: str, args: list) -> list[tuple[Any, Any]]:
     return [(low, float(low)), (high, float(high)), (inside, inside)]
 
 
+def _workers_problem(spec: BaseModel, dist: dict) -> Problem | None:
+    """train.workers in a sweep: whole numbers drawn around a fixed worker count.
+
+    Elastic training (`train.workers: {min, max}`) lets Ray Train pick the count as the
+    cluster changes; a sweep that also drew it would compare trials trained on different
+    worker counts for reasons that are not the draw, and plan resources for neither."""
+    at = ("tune", "space", "train.workers")
+    if spec.train.elastic:
+        return Problem(at, "not tunable with elastic train.workers: {min, max} (Ray Train picks the count)",
+                       got=repr(dist), allowed=f"a whole number train.workers, or no train.workers in tune.space")
+    ((kind, args),) = dist.items()
+    if kind in ("choice", "grid"):
+        bad = [v for v in args if not isinstance(v, int) or isinstance(v, bool)]
+        if bad:
+            return Problem(at, f"{kind} draws {bad[0]!r}; a sweep draws whole worker counts "
+                               "(elastic {min, max} is set outside tune.space)", got=repr(dist), allowed="whole numbers >= 1")
+    return None
+
+
 def _value_problem(spec: BaseModel, path: str, dist: dict) -> Problem | None:
     if path.startswith("model.params."):
         return None  # the catalog knows parameter names, not their types: trials validate values
+    if path == "train.workers":
+        found = _workers_problem(spec, dist)
+        if found:
+            return found
     model, name = _field_of(spec, path)
     adapter = _adapter(model, name)
     ((kind, args),) = dist.items()

@@ -14,7 +14,7 @@ from rayline.spec import PipelineSpec, metric_mode
 from rayline.train.catalog import load_backend
 from rayline.train.loop import read_state
 
-__all__ = ["TrainResult", "train", "loop_config", "locate_best", "checkpoint_keep", "START_RETRIES", "START_TIMEOUT_ENV"]
+__all__ = ["TrainResult", "train", "scaling_config", "loop_config", "locate_best", "checkpoint_keep", "START_RETRIES", "START_TIMEOUT_ENV"]
 
 # Keep the best checkpoint by the metric plus the latest (Ray Train never deletes the
 # latest: resume needs it). Older, worse checkpoints are removed as training goes.
@@ -90,11 +90,7 @@ def train(
         callbacks=list(callbacks),
         worker_runtime_env={"env_vars": backend.worker_env()} if backend.worker_env() else None,
     )
-    scaling = ray.train.ScalingConfig(
-        num_workers=spec.train.workers,
-        use_gpu=spec.train.use_gpu,
-        resources_per_worker=plan.worker_resources(),
-    )
+    scaling = scaling_config(spec, plan)
     trainer = backend.make_trainer(
         loop_config=loop_config(spec, data, plan, list(search_paths)),
         scaling_config=scaling,
@@ -111,6 +107,34 @@ def train(
     except ray.train.TrainingFailedError as exc:
         raise TrainingError(f"training failed after {spec.train.max_failures} retries (train.max_failures): {_root(exc)}") from exc
     return locate_best(os.path.join(storage_path, run_name), metric, mode)
+
+
+def scaling_config(spec: PipelineSpec, plan: ResourcePlan):
+    """Ray Train V2's ScalingConfig for `spec.train` (one trial's, in a sweep) and the plan.
+
+    Elastic `train.workers: {min, max}` is `num_workers=(min, max)`: Ray's
+    ElasticScalingPolicy (ray/train/v2/_internal/execution/scaling_policy/elastic.py) starts
+    with as many workers as the cluster's nodes hold (at least min), checks every
+    `elastic_resize_monitor_interval_s` (60 s) whether more fit, and after a worker or node
+    failure restarts with what still fits; each (re)start resumes from the latest checkpoint.
+    `accelerator_type` makes every worker ask for 0.001 of the node resource
+    `accelerator_type:<type>` (ray/air/config.py), so workers land only on such nodes.
+    """
+    import ray.train
+
+    train_spec = spec.train
+    workers = (train_spec.workers.min, train_spec.workers.max) if train_spec.elastic else train_spec.workers
+    options: dict = {}
+    if train_spec.accelerator_type is not None:
+        options["accelerator_type"] = train_spec.accelerator_type
+    if train_spec.use_tpu:
+        options.update(use_tpu=True, topology=train_spec.tpu_topology)
+    return ray.train.ScalingConfig(
+        num_workers=workers,
+        use_gpu=train_spec.use_gpu,
+        resources_per_worker=plan.worker_resources(),
+        **options,
+    )
 
 
 def _fit_interruptible(trainer, run_dir: str):
@@ -151,11 +175,17 @@ def _is_start_timeout(exc) -> bool:
     return isinstance(getattr(exc, "controller_failure", None), WorkerGroupStartupTimeoutError)
 
 
-def _placement_message(workers: int, plan: ResourcePlan) -> str:
+def _placement_message(workers, plan: ResourcePlan) -> str:
     import ray
 
     timeout = float(os.environ.get(START_TIMEOUT_ENV) or _DEFAULT_START_TIMEOUT_S)
-    need = plan.worker_resources()
+    if not isinstance(workers, int):
+        # Elastic: Ray Train sized the group from its nodes' total resources, not what is free
+        # now (ElasticScalingPolicy), so resources held by others can leave it short.
+        workers = max(plan.start_workers, plan.min_workers, 1)
+    need = {k: v for k, v in plan.worker_resources().items() if v}
+    if plan.accelerator_type:
+        need[f"accelerator_type:{plan.accelerator_type}"] = 0.001
     try:
         available, total = ray.available_resources(), ray.cluster_resources()
     except Exception:  # noqa: BLE001 - only for the message
