@@ -490,12 +490,12 @@ def jobs_list(address: Optional[str] = JobsAddressOpt, workspace: Optional[str] 
     if not rows:
         console.print(f"no jobs on {client.url}")
         return
-    table = Table(title=f"jobs on {client.url}")
-    for col in ("job", "status", "pipeline", "start", "end"):
-        table.add_column(col, no_wrap=col != "pipeline")
-    for r in rows:
-        table.add_row(r["job"], r["status"], r["pipeline"] or r["entrypoint"][:40], r["start"], r["end"])
-    console.print(table)
+    # Plain columns, never cut: ids are copied from here (a table fitted to 80 columns truncated them).
+    cols = ("job", "status", "start", "end", "pipeline")
+    cells = [[r["job"], r["status"], r["start"], r["end"], r["pipeline"] or r["entrypoint"][:60]] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    for row in [list(cols), *cells]:
+        console.print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
 @jobs_app.command("status")

@@ -145,11 +145,11 @@ def _files_of(path_or_glob: str) -> list[Path]:
 
 
 def _too_big(rel: str, size: int, limit: int, what: str) -> PackageError:
+    unneeded = "" if what else "add the file to .rayignore if the job does not need it, "
     return PackageError(
         f"{what}{rel}: {human_size(size)} is over the {human_size(limit)} limit for a file shipped with the job "
         f"(allowed: files up to {human_size(limit)}; put large data on shared storage -- an s3:// or gs:// URI or a "
-        "path every node sees -- and point the spec at it, add the file to .rayignore if the job does not need it, "
-        "or raise the limit with --max-file-mb)")
+        f"path every node sees -- and point the spec at it, {unneeded}or raise the limit with --max-file-mb)")
 
 
 def collect_files(root: str | os.PathLike, *, data_paths: tuple[str, ...] = (), force_files: tuple[str, ...] = (),
