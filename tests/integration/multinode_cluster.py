@@ -1,0 +1,203 @@
+"""A Ray cluster of several nodes on this one machine, started with `ray start` for a test.
+
+Each node is its own `ray start` (a head, then workers joining its GCS), with its own Ray temp
+dir, its own fixed ports and its own HAProxy state, so that one node can be killed alone (its
+raylet, agents and workers, found by that temp dir) and the rest keep running, as when a
+machine of a real cluster dies. The pytest process never calls `ray.init` on it: it already
+drives the session's embedded Ray, and a process can drive only one.
+
+Nodes bind the machine's own address, as on a real cluster: Ray's loopback-only mode
+(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which `rayline cluster up` uses) refuses worker nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import httpx
+
+__all__ = ["LocalCluster", "Node"]
+
+# Per node i (0: head) ports base + 10 * i + k; test_cluster.py's Ray Client ports are 20401-20404.
+_NODE_PORT_BASE = 20420
+_PORT_NAMES = ("--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port",
+               "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port")
+# A worker node's Serve proxy binds these instead of the head's HTTP port (Ray starts a proxy on
+# every node with a replica; on one machine they would all want the same port).
+_WORKER_PROXY_HTTP, _WORKER_PROXY_GRPC = 6, 7
+_START_TIMEOUT_S = 180  # `ray start` took 9-12 s per node on the loaded 2-core machine
+
+
+def _ray_cli() -> str:
+    return shutil.which("ray", path=os.path.dirname(sys.executable)) or "ray"
+
+
+@dataclass
+class Node:
+    index: int
+    temp_dir: str
+    haproxy_dir: str
+    num_cpus: int
+    node_id: str | None = None
+    alive: bool = True
+
+    @property
+    def info(self) -> dict:
+        """What rayline.cluster's process helpers take to find (and stop) this node's processes."""
+        return {"temp_dir": self.temp_dir, "haproxy_dir": self.haproxy_dir, "address": ""}
+
+
+@dataclass
+class LocalCluster:
+    gcs_port: int
+    dashboard_port: int
+    client_port: int
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    nodes: list[Node] = field(default_factory=list)
+
+    @property
+    def ip(self) -> str:
+        from ray._private.services import get_node_ip_address
+
+        return get_node_ip_address()
+
+    @property
+    def address(self) -> str:
+        return f"{self.ip}:{self.gcs_port}"
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def env(self, node: Node | None = None) -> dict:
+        from rayline.cluster import serve_env, train_env
+
+        # Ray Train's run state (attempts, each worker's rank and node) in the dashboard; read where
+        # the trainer is built (the job's driver, on the head) -- every node gets it alike.
+        env = {**os.environ, **train_env(), "RAY_TRAIN_ENABLE_STATE_TRACKING": "1"}
+        env.pop("RAY_ADDRESS", None)
+        env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        if node is not None:
+            env.update(serve_env(None, state_dir=node.haproxy_dir))
+            base = _NODE_PORT_BASE + 10 * node.index
+            if node.index:
+                from rayline.cluster import token_auth_on
+
+                if token_auth_on():  # a joining node sends the token only in token mode (set explicitly)
+                    env["RAY_AUTH_MODE"] = "token"
+                env["RAY_SERVE_WORKER_PROXY_HTTP_PORT"] = str(base + _WORKER_PROXY_HTTP)
+                env["RAY_SERVE_WORKER_PROXY_GRPC_PORT"] = str(base + _WORKER_PROXY_GRPC)
+        return env
+
+    def _start(self, num_cpus: int, *args: str) -> Node:
+        index = len(self.nodes)
+        node = Node(index, f"/tmp/rlmn-{self.tag}-{index}", f"/tmp/rlmnh-{self.tag}-{index}", num_cpus)
+        os.makedirs(node.haproxy_dir, exist_ok=True)
+        self.nodes.append(node)  # before starting: a failed start is still torn down
+        base = _NODE_PORT_BASE + 10 * index
+        ports = [f"{name}={base + k}" for k, name in enumerate(_PORT_NAMES)]
+        cmd = [_ray_cli(), "start", *args, f"--num-cpus={num_cpus}", f"--temp-dir={node.temp_dir}",
+               "--disable-usage-stats", *ports]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_START_TIMEOUT_S, env=self.env(node))
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        return node
+
+    def start_head(self, num_cpus: int = 0) -> Node:
+        node = self._start(num_cpus, "--head", f"--port={self.gcs_port}", "--include-dashboard=true",
+                           "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                           f"--ray-client-server-port={self.client_port}")
+        node.node_id = self._wait_for_nodes(1)[0]
+        return node
+
+    def add_worker(self, num_cpus: int = 1) -> Node:
+        """Start a worker node and wait until the cluster lists it alive (as an autoscaler would add one)."""
+        known = {n.node_id for n in self.nodes if n.node_id}
+        node = self._start(num_cpus, f"--address={self.address}")
+        alive = self._wait_for_nodes(len([n for n in self.nodes if n.alive]))
+        node.node_id = next(n for n in alive if n not in known)
+        return node
+
+    # -- Ray's state, from the head's dashboard (the state API over HTTP) --
+
+    def headers(self) -> dict:
+        from rayline.cluster import token_auth_on
+
+        if not token_auth_on():
+            return {}
+        token = os.environ.get("RAY_AUTH_TOKEN")
+        if not token:
+            path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+            with open(path) as fh:
+                token = fh.read().strip()
+        return {"authorization": f"Bearer {token}"}
+
+    def state(self, kind: str, **filters: str) -> list[dict]:
+        params = [("limit", "1000"), ("detail", "true")]
+        for key, value in filters.items():
+            params += [("filter_keys", key), ("filter_predicates", "="), ("filter_values", value)]
+        response = httpx.get(f"{self.dashboard}/api/v0/{kind}", params=params, headers=self.headers(), timeout=30)
+        response.raise_for_status()
+        return response.json()["data"]["result"]["result"]
+
+    def alive_node_ids(self) -> list[str]:
+        return [n["node_id"] for n in self.state("nodes") if n["state"] == "ALIVE"]
+
+    def _wait_for_nodes(self, count: int, timeout_s: float = 120) -> list[str]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                alive = self.alive_node_ids()
+                if len(alive) >= count:
+                    return alive
+            except httpx.HTTPError:
+                alive = []  # the dashboard is still starting
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{count} nodes not alive within {timeout_s:g} s (alive: {alive})")
+            time.sleep(1)
+
+    # -- faults and teardown --
+
+    def kill(self, node: Node) -> list[int]:
+        """SIGKILL every process of `node` (raylet, agents, workers, its HAProxy) at once: a machine dying."""
+        import psutil
+
+        from rayline.cluster import _head_processes
+
+        procs = _head_processes(node.temp_dir, None, node.haproxy_dir)
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=10)
+        node.alive = False
+        return [p.pid for p in procs]
+
+    def node_of_pid(self, pid: int) -> Node | None:
+        from rayline.cluster import _head_processes
+
+        for node in self.nodes:
+            if any(p.pid == pid for p in _head_processes(node.temp_dir, None, node.haproxy_dir)):
+                return node
+        return None
+
+    def shutdown(self) -> list[str]:
+        """Stop every node this cluster started, workers first, the head last; return what is left."""
+        from rayline.cluster import _head_processes, _stop_head
+
+        for node in reversed(self.nodes):
+            _stop_head(node.info, grace_s=5)
+        left = []
+        for node in self.nodes:
+            left += [f"{p.pid} {' '.join(p.cmdline())[:150]}" for p in _head_processes(node.temp_dir, None, node.haproxy_dir)]
+            shutil.rmtree(node.temp_dir, ignore_errors=True)
+            shutil.rmtree(node.haproxy_dir, ignore_errors=True)
+        return left

@@ -1,0 +1,164 @@
+"""A pipeline on a multi-node Ray cluster, submitted with `rayline submit`, surviving a dead node.
+
+The test starts a cluster of its own on this machine (tests/integration/multinode_cluster.py):
+a head with no CPUs (it runs the job's driver, the Train controller and Serve's controller) and
+two worker nodes with 1 CPU each, every node a separate `ray start` with its own ports and Ray
+temp dir. The pipeline (diabetes, torch, 2 DDP workers x 1 CPU) is submitted through the head's
+Jobs API, as a user would from a laptop. Then, from Ray's own state (the dashboard's state API
+and Ray Train's run state), while training runs:
+
+- the two DDP workers run on the two different worker nodes (one rank per node);
+- once a checkpoint of epoch >= 1 is registered in the run's storage, the node hosting rank 1
+  is killed outright (SIGKILL of its raylet, agents and workers: a machine dying), and a fresh
+  1-CPU node joins (what an autoscaler does), so the two workers can be placed again;
+- the run recovers from its latest checkpoint -- on shared storage: every node is on this
+  machine, so the workspace, a local path, is a filesystem every node reads and writes, as an
+  NFS or a cloud volume mount would be on a real cluster -- and completes: the job succeeds,
+  the model is registered, the checkpoint's history shows training resumed from epoch >= 1
+  (not from epoch 0), Ray Train ran a second attempt on the surviving and the new node;
+- the registered model is served by a replica on a worker node, and the endpoint answers HTTP.
+
+The pytest process never joins this cluster (it drives the session's embedded Ray): it talks
+to it through `rayline submit` and the dashboard's HTTP API only. Every node is stopped after
+the module, on failure too, and the test checks that no process of any node is left.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from .conftest import ROOT
+from .multinode_cluster import LocalCluster
+
+GCS_PORT = 6414
+DASHBOARD_PORT = 8314
+CLIENT_PORT = 20414
+SERVE_PORT = 8814
+EPOCHS = 30
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster = LocalCluster(GCS_PORT, DASHBOARD_PORT, CLIENT_PORT)
+    try:
+        cluster.start_head(num_cpus=0)
+        cluster.add_worker(num_cpus=1)
+        cluster.add_worker(num_cpus=1)
+        yield cluster
+    finally:
+        left = cluster.shutdown()
+    assert left == [], "processes of the test cluster left running:\n" + "\n".join(left)
+
+
+def _train_run(cluster) -> dict | None:
+    """Ray Train's record of the (only) training run on the cluster: attempts, workers, ranks, nodes."""
+    response = httpx.get(f"{cluster.dashboard}/api/train/v2/runs/v1", headers=cluster.headers(), timeout=30)
+    if response.status_code != 200:
+        return None  # no Train run yet (the state actor starts with the first run)
+    runs = response.json()["train_runs"]
+    return runs[0] if runs else None
+
+
+def _running_workers(cluster) -> dict[int, str]:
+    """world rank -> node id of the RUNNING attempt's workers, or {}."""
+    run = _train_run(cluster)
+    for attempt in (run or {}).get("attempts", []):
+        if attempt["status"] == "RUNNING":
+            return {w["world_rank"]: w["node_id"] for w in attempt["workers"]}
+    return {}
+
+
+def _checkpoint_epochs(run_dir: str) -> list[int]:
+    """Epochs of the checkpoints Ray Train has registered in the run's storage."""
+    from rayline.train.loop import read_state
+    from rayline.train.run import _registered_checkpoints
+
+    if not os.path.isdir(run_dir):
+        return []
+    return sorted(s["epoch"] for s in map(read_state, _registered_checkpoints(run_dir)) if s)
+
+
+def _wait(what: str, check, proc, log, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert proc.poll() is None, f"the job ended before {what}:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}\n{log.read_text()[-4000:]}"
+        time.sleep(0.5)
+
+
+def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(cluster, tmp_path):
+    ws = tmp_path / "shared-ws"  # a path every node of this one-machine cluster reaches
+    log = tmp_path / "submit.log"
+    env = {**os.environ}
+    env.pop("RAY_ADDRESS", None)
+    env.pop("RAYLINE_WORKSPACE", None)
+    cmd = [sys.executable, "-m", "rayline.cli", "submit", "pipelines/diabetes-torch.yaml",
+           "--address", cluster.dashboard, "--workspace", str(ws), "--port", str(SERVE_PORT), "--follow",
+           "--set", f"train.epochs={EPOCHS}", "--set", "train.cpus_per_worker=1", "--set", "train.max_failures=2"]
+    started = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        # DDP across nodes, from Ray's state: one worker actor per worker node, ranks 0 and 1.
+        ranks = _wait("2 training workers running", lambda: len(_running_workers(cluster)) == 2 and _running_workers(cluster),
+                      proc, log, 240)
+        worker_nodes = {n.node_id for n in cluster.nodes[1:]}
+        assert set(ranks) == {0, 1} and set(ranks.values()) == worker_nodes, (ranks, worker_nodes)
+        actors = cluster.state("actors", class_name="RayTrainWorker", state="ALIVE")
+        assert sorted(a["node_id"] for a in actors) == sorted(worker_nodes), actors
+
+        runs = ws / "runs"
+        run_dir = _wait("the run's folder", lambda: next(iter(runs.glob("diabetes-*/train")), None) if runs.exists() else None,
+                        proc, log, 60)
+        epochs = _wait("a checkpoint of epoch >= 1", lambda: [e for e in _checkpoint_epochs(str(run_dir)) if e >= 1],
+                       proc, log, 120)
+        assert max(epochs) < EPOCHS - 1, f"training finished before the node was killed ({epochs}): raise EPOCHS"
+
+        victim = next(n for n in cluster.nodes if n.node_id == ranks[1])
+        killed = cluster.kill(victim)
+        assert killed, "no process of the rank-1 node was found"
+        replacement = cluster.add_worker(num_cpus=1)  # as an autoscaler would: the 2 workers fit again
+
+        assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    took = time.monotonic() - started
+    text = log.read_text()
+    assert "registered: model diabetes version 1" in text, text[-4000:]
+    assert "Traceback" not in text, text[-4000:]
+
+    # Recovered from the checkpoint on shared storage, not from scratch.
+    from rayline.train.run import locate_best
+
+    result = locate_best(str(run_dir), "rmse", "min")
+    assert len(result.resumed_from) >= 1 and result.resumed_from[0] >= 1, result.resumed_from
+    assert [row["epoch"] for row in result.history] == list(range(EPOCHS)), result.history
+    resumed_at = result.resumed_from[0]
+    assert all(row["resumed"] == 0 for row in result.history[:resumed_at + 1])
+    assert all(row["resumed"] >= 1 for row in result.history[resumed_at + 1:])
+    # Ray Train's view: a failed attempt, then one on the surviving and the new node that finished.
+    attempts = _train_run(cluster)["attempts"]
+    assert len(attempts) >= 2 and attempts[-1]["status"] == "FINISHED", [a["status"] for a in attempts]
+    survivor = next(n for n in cluster.nodes[1:3] if n is not victim)
+    assert {w["node_id"] for w in attempts[-1]["workers"]} == {survivor.node_id, replacement.node_id}, attempts[-1]
+
+    # Served from a worker node (the head has no CPUs), over HTTP through the head's Serve port.
+    body = {"instances": [{f: 0.01 for f in ("age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6")}]}
+    response = httpx.post(f"http://127.0.0.1:{SERVE_PORT}/diabetes/predict", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == "diabetes" and response.json()["version"] == "1"
+    assert isinstance(response.json()["predictions"][0], float)
+    replicas = [a for a in cluster.state("actors", state="ALIVE") if a["class_name"].startswith("ServeReplica:diabetes")]
+    assert replicas and all(a["node_id"] in {survivor.node_id, replacement.node_id} for a in replicas), replicas
+    print(f"multi-node run: {took:.0f} s from submit to served; resumed from epoch {resumed_at}; "
+          f"killed node {victim.index} ({len(killed)} processes)")
