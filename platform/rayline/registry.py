@@ -295,7 +295,9 @@ class Registry:
                         f"allowed: restore it (mlflow experiments restore --experiment-id {exp.experiment_id}) "
                         "or delete it for good (mlflow gc)")
                 return exp.experiment_id
-            location = self.ws.artifact_location if not self.ws.tracking_uri_override else None
+            # A URI workspace holds the artifacts even with a tracking server (the user named where
+            # they go); a local one only with its own SQLite store (a server keeps its own artifact store).
+            location = self.ws.artifact_location if (self.ws.remote or not self.ws.tracking_uri_override) else None
             try:
                 return self.client.create_experiment(exp_name, artifact_location=location)
             except MlflowException as exc:

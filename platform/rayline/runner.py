@@ -7,7 +7,6 @@ can draw it and tests can record it.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shlex
@@ -80,22 +79,20 @@ def _training_spec(spec: PipelineSpec) -> dict:
 
 
 def _write_record(folder: str, record: dict) -> None:
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, RECORD_FILE + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(record, fh, indent=1)
-    os.replace(tmp, os.path.join(folder, RECORD_FILE))  # never a half-written record
+    from rayline.storage import join, write_json
+
+    write_json(join(folder, RECORD_FILE), record)  # never a half-written record (local path or URI)
 
 
 def _interrupted_run(ws: Workspace, spec: PipelineSpec) -> dict:
     """The newest interrupted run of `spec` in the workspace, if resuming it is right."""
+    from rayline.storage import join, list_names, read_json
+
     records = []
-    for path in glob.glob(os.path.join(str(ws.runs_dir), "*", RECORD_FILE)):
-        try:
-            with open(path) as fh:
-                record = json.load(fh)
-        except (OSError, ValueError):
-            continue  # not ours, or from another version of rayline
+    for name in list_names(ws.runs_dir):  # a directory, or a prefix on object storage
+        record = read_json(join(ws.runs_dir, name, RECORD_FILE))
+        if not isinstance(record, dict):
+            continue  # not a run folder, not ours, or from another version of rayline
         if record.get("spec_name") == spec.name and record.get("status") == "interrupted":
             records.append(record)
     if not records:
@@ -165,13 +162,18 @@ def run_pipeline(
     experiment = previous["experiment"] if previous else f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     paths = search_paths(spec_path)
     resume_command = resume_command or shlex.join(
-        ["rayline", "run", spec_path or f"<{spec.name} spec>", "--workspace", str(ws.root), "--resume"])
+        ["rayline", "run", spec_path or f"<{spec.name} spec>", "--workspace", ws.location, "--resume"])
 
     if deploy and spec.serve is not None:
         from rayline.serve.address import serve_address
 
         serve_address(host, port)  # a port another process holds fails now, not after training
 
+    from rayline.storage import check_shared, download_dir, is_uri, join
+
+    # On a multi-node cluster a node-local workspace path would lose checkpoints written on
+    # other nodes: fail now, before any work, naming a node that does not see it.
+    check_shared(ws.runs_dir)
     on_stage("data", "start", f"{spec.data.source.format} {spec.data.source.name or spec.data.source.path}")
     t0 = time.monotonic()
     try:
@@ -202,7 +204,7 @@ def run_pipeline(
             registry.client.set_tag(run_id, "rayline.resumed_from", previous.get("run_id", ""))
         except Exception:  # noqa: BLE001 - a missing tag must not stop the run
             pass
-    folder = os.path.join(str(ws.runs_dir), experiment)
+    folder = join(ws.runs_dir, experiment)
     record = {"experiment": experiment, "spec_name": spec.name, "spec_path": spec_path or "", "spec": _training_spec(spec),
               "fingerprint": data.fingerprint, "run_id": run_id, "created": (previous or {}).get("created", time.time()),
               "status": "running", "resumed_runs": (previous or {}).get("resumed_runs", []) + ([previous["run_id"]] if previous else [])}
@@ -238,9 +240,12 @@ def run_pipeline(
             winning_spec = apply_overrides(spec, winner.overrides)
         staging = ws.temp_dir("artifact")  # <ws>/tmp; a killed run's is removed by the next run
         try:
+            checkpoint_dir = winner.checkpoint_dir
+            if is_uri(checkpoint_dir):  # on object storage: the artifact is assembled from a local copy
+                checkpoint_dir = download_dir(checkpoint_dir, os.path.join(staging, "checkpoint"))
             artifact = write_artifact(
                 os.path.join(staging, "model"),
-                checkpoint_dir=winner.checkpoint_dir,
+                checkpoint_dir=checkpoint_dir,
                 preprocessing=data.preprocessing,
                 spec=winning_spec,
                 metrics={k: v for k, v in winner.metrics.items() if k not in _BOOKKEEPING},

@@ -19,6 +19,7 @@ from typing import Any
 from rayline.errors import InterruptedRun, RaylineError, TrainingError
 from rayline.resources import ResourcePlan
 from rayline.spec import PipelineSpec, apply_overrides, largest_value, metric_mode
+from rayline.storage import join
 from rayline.train.run import TrainResult, locate_best, train
 
 __all__ = [
@@ -141,7 +142,7 @@ def asha_settings(spec: PipelineSpec) -> dict:
 
 def tune_dir(storage_path: str, experiment: str) -> str:
     """Where Tune keeps the sweep's state (what `Tuner.restore` reads)."""
-    return os.path.join(storage_path, f"{experiment}-tune")
+    return join(storage_path, f"{experiment}-tune")
 
 
 def _num_samples(spec: PipelineSpec) -> int:
@@ -211,7 +212,7 @@ def tune_pipeline(
 
     metric = spec.resolved_metric(data.task)
     mode = metric_mode(metric)
-    runs_dir = os.path.join(storage_path, experiment)
+    runs_dir = join(storage_path, experiment)  # a path or a URI: rayline.storage reads both
     trainable = tune.with_parameters(
         _trial,
         spec_raw=spec.model_dump(by_alias=True, exclude_none=True),
@@ -258,7 +259,7 @@ def tune_pipeline(
     for result in grid:
         trial_id = _trial_id(result) or "unknown"
         overrides = {k: _plain(v) for k, v in (result.config or {}).items()}
-        run_dir = os.path.join(runs_dir, f"trial-{trial_id}")
+        run_dir = join(runs_dir, f"trial-{trial_id}")
         try:
             best = locate_best(run_dir, metric, mode)
             best.overrides = overrides

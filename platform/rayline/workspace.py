@@ -1,8 +1,17 @@
-"""Where rayline keeps state: one workspace directory (MLflow store, artifacts, Ray results).
+"""Where rayline keeps state: one workspace (MLflow store, artifacts, Ray results).
 
-Default `./.rayline`; override with `--workspace` or RAYLINE_WORKSPACE. The MLflow
-tracking URI defaults to a SQLite store inside it; RAYLINE_TRACKING_URI (or
-MLFLOW_TRACKING_URI) points at any MLflow server instead.
+Default `./.rayline`; override with `--workspace` or RAYLINE_WORKSPACE: a directory (local,
+or a path every node mounts), or an `s3://bucket/prefix` / `gs://bucket/prefix` URI. The
+MLflow tracking URI defaults to a SQLite store in the workspace's local directory;
+RAYLINE_TRACKING_URI (or MLFLOW_TRACKING_URI) points at any MLflow server instead.
+
+A URI workspace keeps on the URI what must outlive a node or be seen by every node: Ray
+Train/Tune results and checkpoints, rayline's run records (`runs/`) and MLflow artifacts
+(`mlartifacts/`). What cannot live on object storage stays in a local directory tied to
+that URI, `<user cache>/workspaces/<scheme>-<bucket>-<hash of the URI>` (user cache:
+RAYLINE_CACHE_DIR, else ~/.cache/rayline): the SQLite tracking store, the cache of
+downloaded model versions, rayline's temporary files and `cluster.json`. The same URI on the
+same machine always finds the same local directory, from any working directory.
 
 Temporary directories rayline makes (artifact staging, partial model downloads, worker
 checkpoints) are named after the process that owns them (`owned_tempdir`), so the next
@@ -22,13 +31,23 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Workspace", "workspace", "owned_tempdir", "sweep_orphans", "user_cache_dir"]
+__all__ = ["Workspace", "workspace", "local_state_dir", "owned_tempdir", "sweep_orphans", "user_cache_dir"]
 
 
 @dataclass(frozen=True)
 class Workspace:
-    root: Path
+    root: Path  # the local directory: tracking store, model cache, tmp, cluster.json (and runs, artifacts for a path)
     tracking_uri_override: str | None = None
+    storage_uri: str | None = None  # s3:// or gs:// URI holding runs and artifacts; None: they are under `root`
+
+    @property
+    def location(self) -> str:
+        """The workspace as the user names it (`--workspace`): its URI, or its directory."""
+        return self.storage_uri or str(self.root)
+
+    @property
+    def remote(self) -> bool:
+        return self.storage_uri is not None
 
     @property
     def tracking_uri(self) -> str:
@@ -36,11 +55,14 @@ class Workspace:
 
     @property
     def artifact_location(self) -> str:
+        if self.storage_uri:
+            return f"{self.storage_uri}/mlartifacts"
         return (self.root / "mlartifacts").as_uri()
 
     @property
     def runs_dir(self) -> str:
-        return str(self.root / "runs")
+        """Ray Train/Tune storage and rayline's run records: a local path, or a URI."""
+        return f"{self.storage_uri}/runs" if self.storage_uri else str(self.root / "runs")
 
     @property
     def cluster_file(self) -> Path:
@@ -57,10 +79,38 @@ class Workspace:
         return self.root / "tmp"
 
     def ensure(self) -> "Workspace":
+        """Create the local directories; for a URI workspace, also prove the bucket takes writes
+        (a wrong endpoint, bucket or credentials is one line now, not a failure after training)."""
         with self._writable():
-            (self.root / "runs").mkdir(parents=True, exist_ok=True)
-            (self.root / "mlartifacts").mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(parents=True, exist_ok=True)
+            if not self.storage_uri:
+                (self.root / "runs").mkdir(parents=True, exist_ok=True)
+                (self.root / "mlartifacts").mkdir(parents=True, exist_ok=True)
+        if self.storage_uri:
+            from rayline.storage import ensure_dir
+
+            self._check_artifact_client()
+            ensure_dir(self.storage_uri)
         return self
+
+    # MLflow writes artifacts to s3:// with boto3 and to gs:// with google-cloud-storage; without
+    # the package it failed only at registration, after training (extras rayline[s3], rayline[gcs]).
+    _ARTIFACT_CLIENTS = {"s3": ("boto3", "boto3", "s3"), "gs": ("google.cloud.storage", "google-cloud-storage", "gcs")}
+
+    def _check_artifact_client(self) -> None:
+        import importlib.util
+
+        scheme = self.storage_uri.split("://", 1)[0]
+        module, package, extra = self._ARTIFACT_CLIENTS[scheme]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a parent package (google.cloud) is missing
+            found = False
+        if not found:
+            from rayline.storage import StorageError
+
+            raise StorageError(f"workspace: MLflow needs the Python package {package} for {scheme}:// artifacts "
+                               f"(got {self.storage_uri}; allowed: pip install 'rayline[{extra}]')")
 
     def temp_dir(self, kind: str) -> str:
         """A fresh directory under `tmp_dir` owned by this process; the caller removes it.
@@ -84,9 +134,25 @@ class Workspace:
 
 
 def workspace(path: str | os.PathLike | None = None, tracking_uri: str | None = None) -> Workspace:
-    root = Path(path or os.environ.get("RAYLINE_WORKSPACE") or ".rayline").expanduser().resolve()
+    """The workspace named by `path`, else RAYLINE_WORKSPACE, else `./.rayline`: a directory, or an
+    s3:// / gs:// URI (anything else is a one-line StorageError naming the value)."""
+    from rayline.storage import is_uri, parse_location
+
+    # A pathlib.Path of a URI (typer hands `--workspace` over as one) reads "s3:/bucket";
+    # parse_location takes that spelling back to "s3://bucket".
+    location = parse_location(path or os.environ.get("RAYLINE_WORKSPACE") or ".rayline", "workspace")
     uri = tracking_uri or os.environ.get("RAYLINE_TRACKING_URI") or os.environ.get("MLFLOW_TRACKING_URI")
-    return Workspace(root=root, tracking_uri_override=uri)
+    if is_uri(location):
+        return Workspace(root=local_state_dir(location), tracking_uri_override=uri, storage_uri=location)
+    return Workspace(root=Path(location).resolve(), tracking_uri_override=uri)
+
+
+def local_state_dir(uri: str) -> Path:
+    """This machine's directory for what a URI workspace cannot keep on object storage."""
+    scheme, rest = uri.split("://", 1)
+    bucket = re.sub(r"[^a-z0-9.-]", "_", rest.split("/", 1)[0])[:40]
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:10]
+    return (user_cache_dir() / "workspaces" / f"{scheme}-{bucket}-{digest}").resolve()
 
 
 def user_cache_dir() -> Path:

@@ -43,11 +43,12 @@ def shard_arrays(shard, num_features: int, label_dtype):
 
 
 def read_state(checkpoint_dir: str) -> dict | None:
-    try:
-        with open(os.path.join(checkpoint_dir, STATE_FILE)) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None  # a checkpoint being written, or not ours
+    """The state file of a checkpoint: a local directory, or one on the run's storage (s3://, gs://);
+    None for a checkpoint being written, or not ours."""
+    from rayline.storage import join, read_json
+
+    state = read_json(join(checkpoint_dir, STATE_FILE))
+    return state if isinstance(state, dict) else None
 
 
 class EpochReporter:

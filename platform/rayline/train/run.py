@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import threading
 from dataclasses import dataclass, field
@@ -12,6 +10,7 @@ from rayline.errors import InterruptedRun, TrainingError
 from rayline.resources import ResourcePlan
 from rayline.spec import PipelineSpec, metric_mode
 from rayline.train.catalog import load_backend
+from rayline.storage import join, list_names, read_json
 from rayline.train.loop import read_state
 
 __all__ = ["TrainResult", "train", "scaling_config", "loop_config", "locate_best", "checkpoint_keep", "START_RETRIES", "START_TIMEOUT_ENV"]
@@ -99,14 +98,14 @@ def train(
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
     )
     try:
-        _fit_interruptible(trainer, os.path.join(storage_path, run_name))
+        _fit_interruptible(trainer, join(storage_path, run_name))
     except ray.train.ControllerError as exc:
         if _is_start_timeout(exc):
             raise TrainingError(_placement_message(spec.train.workers, plan)) from exc
         raise TrainingError(f"training failed: {_root(exc)}") from exc
     except ray.train.TrainingFailedError as exc:
         raise TrainingError(f"training failed after {spec.train.max_failures} retries (train.max_failures): {_root(exc)}") from exc
-    return locate_best(os.path.join(storage_path, run_name), metric, mode)
+    return locate_best(join(storage_path, run_name), metric, mode)
 
 
 def scaling_config(spec: PipelineSpec, plan: ResourcePlan):
@@ -230,15 +229,16 @@ _SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of regis
 
 
 def _registered_checkpoints(run_dir: str) -> list[str]:
-    """The checkpoint dirs Ray Train's checkpoint manager kept; every checkpoint_* if it left no record."""
+    """The checkpoint dirs Ray Train's checkpoint manager kept; every checkpoint_* if it left no record.
+
+    `run_dir` is a local path or a URI (the run's storage): read through rayline.storage."""
     try:
-        with open(os.path.join(run_dir, _SNAPSHOT)) as fh:
-            names = [r["checkpoint_dir_name"] for r in json.load(fh)["checkpoint_results"]]
-        return [os.path.join(run_dir, name) for name in names]
-    except (OSError, ValueError, KeyError, TypeError):
-        # An older or newer Ray may name or shape this record differently: fall back to
-        # scanning, which is right whenever no attempt died mid-checkpoint.
-        return glob.glob(os.path.join(run_dir, "checkpoint_*"))
+        names = [r["checkpoint_dir_name"] for r in read_json(join(run_dir, _SNAPSHOT))["checkpoint_results"]]
+        return [join(run_dir, name) for name in names]
+    except (KeyError, TypeError):
+        # Missing, or an older or newer Ray names or shapes this record differently: fall
+        # back to scanning, which is right whenever no attempt died mid-checkpoint.
+        return [join(run_dir, name) for name in list_names(run_dir) if name.startswith("checkpoint_")]
 
 
 def _root(exc: BaseException) -> str:
