@@ -1,0 +1,88 @@
+"""Elastic workers and per-worker resources on the session's real Ray (2 CPUs, no custom resources).
+
+- `train.workers: {min: 1, max: 2}` trains for real through Ray Train V2's elastic scaling
+  policy; a `model.import` builder records each worker's rank and world size, so the test
+  sees how many workers Ray actually started (2: both fit the 2-CPU session).
+- `train.resources_per_worker` with CPU and memory reaches the workers' placement.
+- A custom resource or an accelerator type the cluster lacks fails at plan time, naming it,
+  before anything trains or is registered.
+"""
+
+import textwrap
+
+import pytest
+import yaml
+
+from .conftest import run
+
+_BUILDER = textwrap.dedent('''
+    """A tiny torch model that records which worker built it (rank and world size)."""
+    import os
+
+
+    def build(num_features, num_outputs, record_to=None):
+        import torch.nn as nn
+
+        if record_to:
+            try:
+                import ray.train
+
+                context = ray.train.get_context()
+                name = f"rank{context.get_world_rank()}-of-{context.get_world_size()}"
+            except Exception:  # loaded outside training (registering, serving)
+                name = None
+            if name:
+                open(os.path.join(record_to, name), "w").close()
+        return nn.Linear(num_features, num_outputs)
+''')
+
+
+def _spec(tmp_path, train: dict, name: str):
+    from rayline.spec import load_spec
+
+    (tmp_path / "elastic_net.py").write_text(_BUILDER)
+    (tmp_path / "built").mkdir()
+    raw = {
+        "name": name,
+        "data": {"source": {"format": "sklearn", "name": "iris"}, "label": "target",
+                 "preprocess": [{"standard_scale": {"columns": "numeric"}}]},
+        "model": {"framework": "torch", "import": "elastic_net:build", "params": {"record_to": str(tmp_path / "built")}},
+        "train": {"epochs": 1, "batch_size": 16, **train},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_spec(path), str(path)
+
+
+def test_elastic_min1_max2_trains_with_the_workers_that_fit(ray_session, ws, tmp_path):
+    spec, path = _spec(tmp_path, {"workers": {"min": 1, "max": 2}, "resources_per_worker": {"CPU": 0.5, "memory": 50e6}},
+                       "elastic-iris")
+    assert spec.train.elastic and (spec.train.min_workers, spec.train.max_workers) == (1, 2)
+    summary = run(spec, ws, spec_path=path)
+    assert [row["epoch"] for row in summary.trials[0].result.history] == [0]
+    assert summary.version and "accuracy" in summary.test_metrics
+    # Ray Train's elastic policy started both workers: the 2-CPU session holds 2 x 0.5 CPU.
+    assert sorted(p.name for p in (tmp_path / "built").iterdir()) == ["rank0-of-2", "rank1-of-2"]
+
+
+@pytest.mark.parametrize("train, expected", [
+    ({"workers": 1, "resources_per_worker": {"rayline_test_slot": 1}},
+     r"^train.resources_per_worker.rayline_test_slot: 1 workers x 1 rayline_test_slot need 1 rayline_test_slot; "
+     r"the cluster has 0 available"),
+    ({"workers": 1, "accelerator_type": "A100"},
+     r"^train.accelerator_type: no node of the cluster with accelerator type A100 has room "
+     r"\(Ray resource 'accelerator_type:A100': 0 available; accelerator types available: none\)"),
+    ({"workers": {"min": 3, "max": 4}, "cpus_per_worker": 1},
+     r"^train.cpus_per_worker: 3 workers x 1 CPUs need 3 CPUs; the cluster has 2 available "
+     r"\(allowed: lower train.workers.min or train.cpus_per_worker\)"),
+], ids=["custom-resource", "accelerator-type", "elastic-min"])
+def test_what_the_cluster_lacks_fails_at_plan_time(ray_session, ws, tmp_path, train, expected):
+    from rayline.errors import ResourceError
+    from rayline.registry import Registry
+
+    spec, path = _spec(tmp_path, train, "lacking-iris")
+    before = {m.name for m in Registry(ws).client.search_registered_models()}
+    with pytest.raises(ResourceError, match=expected):
+        run(spec, ws, spec_path=path)
+    assert not list((tmp_path / "built").iterdir())  # no worker ever started
+    assert "lacking-iris" not in {m.name for m in Registry(ws).client.search_registered_models()} - before
