@@ -296,6 +296,10 @@ class TrainSpec(_Strict):
                 problems.append(Problem((key,), "set the accelerator with train.accelerator_type", got=repr(key),
                                         allowed=f"accelerator_type: {key.partition(':')[2] or 'A100'}"))
                 continue
+            if isinstance(key, str) and (key in ("object_store_memory", "node") or key.startswith("node:")):
+                problems.append(Problem((key,), "not a resource a training worker can reserve", got=repr(key),
+                                        allowed=", ".join(_RAY_RESOURCES) + " or a custom resource name"))
+                continue
             if not isinstance(key, str) or not _RESOURCE_RE.match(key):
                 problems.append(Problem((key_text,), "not a Ray resource name", got=repr(key),
                                         allowed=f"{', '.join(_RAY_RESOURCES)} or a custom resource name"))
@@ -304,10 +308,6 @@ class TrainSpec(_Strict):
             if near:
                 problems.append(Problem((key,), "Ray resource names are case-sensitive", got=repr(key),
                                         allowed=", ".join(_RAY_RESOURCES) + " or a custom resource name", hint=near))
-                continue
-            if key in ("object_store_memory", "node") or key.startswith("node:"):
-                problems.append(Problem((key,), "not a resource a training worker can reserve", got=repr(key),
-                                        allowed=", ".join(_RAY_RESOURCES) + " or a custom resource name"))
                 continue
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not number or not math.isfinite(value) or value < 0:
