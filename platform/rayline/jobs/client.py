@@ -10,6 +10,7 @@ API); the dashboard of the head `rayline cluster up` recorded in the workspace. 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from rayline.errors import ClusterError, RaylineError
@@ -18,6 +19,7 @@ from rayline.jobs.auth import auth_headers, load_token, mask, missing_token_mess
 __all__ = ["JobError", "JobsClient", "resolve_address", "TERMINAL", "exit_code_for"]
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+_AGENT_WAIT_S = 60.0
 
 
 class JobError(RaylineError):
@@ -78,6 +80,8 @@ class JobsClient:
     def connect(cls, url: str) -> "JobsClient":
         import logging
 
+        import ray.job_submission  # noqa: F401  (its modules set their loggers to INFO when imported)
+
         # Ray's SDK logs "Token authentication is enabled but no token was found" at WARNING
         # on its own; rayline says it in its error, once.
         logging.getLogger("ray._private.authentication.http_token_authentication").setLevel(logging.ERROR)
@@ -113,7 +117,22 @@ class JobsClient:
             raise JobError(f"{self.url}: the Jobs API refused the request: {_first_line(text)}") from exc
 
     def submit(self, **kwargs) -> str:
-        return self._call(lambda: self._client.submit_job(**kwargs))
+        # A head that has just started answers 500 "No available agent to submit job" until its
+        # dashboard agent has registered (seen for ~10 s after `ray start` on the loaded 2-core
+        # machine); Ray's own CLI then fails. Nothing was created, so asking again is safe.
+        deadline = time.monotonic() + _AGENT_WAIT_S
+        while True:
+            try:
+                return self._call(lambda: self._client.submit_job(**kwargs))
+            except JobError as exc:
+                if "No available agent" not in str(exc):
+                    raise
+                if time.monotonic() > deadline:
+                    raise JobError(f"{self.url}: the head's dashboard agent, which starts jobs, did not answer within "
+                                   f"{_AGENT_WAIT_S:g} s (got 'No available agent to submit job'; allowed: a head whose "
+                                   "agent runs: see dashboard_agent.log in its Ray logs; a port it needs may be taken, "
+                                   "e.g. 52365 by another Ray on that machine)") from exc
+                time.sleep(2)
 
     def info(self, job_id: str):
         try:

@@ -190,7 +190,8 @@ def collect_files(root: str | os.PathLike, *, data_paths: tuple[str, ...] = (), 
             elif path.resolve() in excluded or _is_venv(path):
                 package.skip("caches, version control, workspaces and links", rel + "/")
             elif rules.ignored(rel, is_dir=True):
-                package.skip(".gitignore/.rayignore", rel + "/")
+                if not any(f.startswith(rel + "/") for f in forced):  # the spec's data in it still goes
+                    package.skip(".gitignore/.rayignore", rel + "/")
             else:
                 keep.append(name)
         dirnames[:] = keep

@@ -1,0 +1,193 @@
+"""`rayline submit` and `rayline jobs` against a real Ray head with token auth on (Ray 2.60's
+default), through its Jobs API only: the pytest process drives the session's embedded Ray and
+never joins this head, so every step is the real CLI in a subprocess.
+
+One head for the module (`ray start --head` with a token of its own and every port its own, as
+on a cluster rayline did not start), stopped at the end with rayline.cluster's own stop, which
+finds its processes by its temp dir. A tiny xgboost pipeline on iris keeps the job under a minute on 2 cores.
+"""
+
+import json
+import os
+import secrets
+import shutil
+import time
+
+import httpx
+import pytest
+
+from .test_cluster import _cli
+
+_GCS = int(os.environ.get("RAYLINE_TEST_SUBMIT_GCS_PORT", "6411"))
+_DASH = int(os.environ.get("RAYLINE_TEST_SUBMIT_DASHBOARD_PORT", "8311"))
+_CLIENT = int(os.environ.get("RAYLINE_TEST_SUBMIT_CLIENT_PORT", "20411"))
+
+SPEC = """name: iris-submit
+data:
+  source: {format: csv, path: data/iris.csv}
+  label: target
+  split: {valid: 0.2, test: 0.2, seed: 0}
+task: classification
+model:
+  framework: xgboost
+  kind: gbdt
+  params: {max_depth: 3, eta: 0.3, num_boost_round: 5}
+train: {workers: 1, metric: accuracy}
+"""
+
+
+# Every port of the head is ours: two heads on one machine otherwise collide on Ray's fixed
+# default dashboard-agent port (52365), and a head whose agent cannot bind answers every job
+# submission with 500 "No available agent" (measured: another test's head held it).
+_AGENT_PORTS = {"--dashboard-agent-listen-port": 20150, "--dashboard-agent-grpc-port": 20151,
+                "--metrics-export-port": 20152, "--runtime-env-agent-port": 20153, "--node-manager-port": 20154,
+                "--object-manager-port": 20155}
+
+
+def _start_head(temp_dir, auth):
+    """`ray start --head` with token auth on, as on a cluster rayline did not start (KubeRay, the launcher)."""
+    import subprocess
+
+    from rayline.cluster import _ray_cli, train_env
+
+    cmd = [_ray_cli(), "start", "--head", f"--port={_GCS}", "--num-cpus=2", "--disable-usage-stats",
+           "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={_DASH}",
+           f"--ray-client-server-port={_CLIENT}", f"--temp-dir={temp_dir}",
+           *(f"{flag}={port}" for flag, port in _AGENT_PORTS.items())]
+    env = {**os.environ, **train_env(), **auth}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    """A token-auth head on this module's ports, a workspace for its jobs, and a project to submit."""
+    from rayline.cluster import _stop_head
+
+    root = tmp_path_factory.mktemp("submit")
+    ws, project = root / "ws", root / "proj"
+    (project / "data").mkdir(parents=True)
+    from sklearn.datasets import load_iris
+
+    frame = load_iris(as_frame=True).frame
+    frame.columns = [c.replace(" (cm)", "").replace(" ", "_") for c in frame.columns]
+    frame.to_csv(project / "data" / "iris.csv", index=False)
+    (project / "iris.yaml").write_text(SPEC)
+    (project / ".gitignore").write_text("data/\n*.log\n")  # data is ignored by git, yet the job needs it
+    (project / "debug.log").write_text("x")
+    token = "rl-" + secrets.token_hex(16)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    temp_dir = f"/tmp/rlsub-{os.getpid()}"  # short: Ray's socket paths must stay under ~107 characters
+    head_info = {"temp_dir": temp_dir, "address": f"127.0.0.1:{_GCS}"}
+    try:
+        up = _start_head(temp_dir, auth)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        outputs = []  # every CLI output of the module, grepped for the token at the end
+        yield {"ws": ws, "project": project, "token": token, "outputs": outputs, "root": root,
+               "env": {**auth, "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{_DASH}"}}
+    finally:
+        _stop_head(head_info)  # this head's processes only (found by its temp dir); never `ray stop`
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _run(head, *args, env=None, timeout=300):
+    proc = _cli(head["ws"], *args, env={**head["env"], **(env or {})}, timeout=timeout)
+    head["outputs"].append(proc.stdout + proc.stderr)
+    return proc
+
+
+def _one_line_error(proc, start):
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(start), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def _job_id(stdout):
+    return stdout.split("submitted job ", 1)[1].split()[0]
+
+
+def test_submit_follow_runs_the_pipeline_and_jobs_show_it(head):
+    start = time.monotonic()
+    proc = _run(head, "submit", str(head["project"] / "iris.yaml"), "--no-serve", "--follow")
+    took = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    job = _job_id(out)
+    # What was shipped: the spec and its (git-ignored) data, not the ignored log.
+    assert "shipped: 2 files" in out and "left out: .gitignore/.rayignore: 1" in out, out[:2000]
+    assert f"workspace on the cluster: {head['ws']}" in out
+    assert f"dashboard: http://127.0.0.1:{_DASH}/#/jobs/{job}" in out
+    # The driver's progress, as plain lines while it runs, and the summary.
+    for line in ("data: started csv", "data: done in", "train: started 1 workers", "train: done in",
+                 "register: done in", "registered: model iris-submit version 1", f"job {job} SUCCEEDED"):
+        assert line in out, (line, out[-4000:])
+    print(f"submit --follow: {took:.1f} s")
+
+    listed = _run(head, "jobs", "list")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert [line.split() for line in listed.stdout.splitlines() if job in line][0][:2] == [job, "SUCCEEDED"]
+    assert listed.stdout.rstrip().endswith("iris.yaml")
+    status = _run(head, "jobs", "status", job)
+    assert status.returncode == 0 and "status:     SUCCEEDED" in status.stdout and "exit code:  0" in status.stdout
+    logs = _run(head, "jobs", "logs", job)
+    assert logs.returncode == 0 and "train: done in" in logs.stdout and "registered: model iris-submit" in logs.stdout
+    # The model landed in the workspace the job was given, not in its throwaway working_dir.
+    models = _run(head, "models", "-o", "json")
+    assert [m["version"] for m in json.loads(models.stdout) if m["name"] == "iris-submit"] == ["1"], models.stdout
+
+    unknown = _run(head, "jobs", "status", "raysubmit_doesnotexist")
+    _one_line_error(unknown, "error: raysubmit_doesnotexist: no such job on")
+
+
+def test_without_a_token_it_fails_closed_and_the_token_never_shows(head, tmp_path):
+    no_token = {"RAY_AUTH_TOKEN": "", "RAY_AUTH_TOKEN_PATH": "", "RAY_AUTH_MODE": "", "HOME": str(tmp_path)}
+    before = httpx.get(f"http://127.0.0.1:{_DASH}/api/jobs/", headers={"Authorization": f"Bearer {head['token']}"},
+                       timeout=30).json()
+    for args in (["submit", str(head["project"] / "iris.yaml"), "--no-serve"], ["jobs", "list"]):
+        proc = _run(head, *args, env=no_token)
+        _one_line_error(proc, f"error: http://127.0.0.1:{_DASH}: the Ray cluster requires token authentication "
+                              "and no token is set")
+        assert "RAY_AUTH_TOKEN" in proc.stderr and "RAY_AUTH_TOKEN_PATH" in proc.stderr
+    wrong = _run(head, "jobs", "list", env={"RAY_AUTH_TOKEN": "rl-wrong-" + "0" * 20})
+    _one_line_error(wrong, f"error: http://127.0.0.1:{_DASH}: the Ray cluster rejected the auth token")
+    after = httpx.get(f"http://127.0.0.1:{_DASH}/api/jobs/", headers={"Authorization": f"Bearer {head['token']}"},
+                      timeout=30).json()
+    assert len(after) == len(before)  # nothing was submitted without the token
+
+    # An oversized file fails at submit, naming it, before anything is uploaded.
+    big = head["project"] / "weights.bin"
+    big.write_bytes(b"\0" * (2 * 1024 * 1024))
+    try:
+        proc = _run(head, "submit", str(head["project"] / "iris.yaml"), "--max-file-mb", "1")
+        _one_line_error(proc, "error: weights.bin: 2.0 MiB is over the 1.0 MiB limit")
+    finally:
+        big.unlink()
+
+    # The token is nowhere: not in any output of this module, nor in what the cluster keeps of a job.
+    jobs = json.dumps(after)
+    assert head["token"] not in jobs and "RAY_AUTH_TOKEN" not in jobs
+    for text in head["outputs"]:
+        assert head["token"] not in text
+
+
+def test_jobs_stop_stops_a_running_job(head):
+    # A long run: 100,000 boosting rounds; stopped while it trains.
+    proc = _run(head, "submit", str(head["project"] / "iris.yaml"), "--no-serve",
+                "--set", "model.params.num_boost_round=100000", "--set", "name=iris-long")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = _job_id(proc.stdout)
+    assert f"follow:  rayline jobs logs {job} --follow" in proc.stdout and f"rayline jobs stop {job}" in proc.stdout
+    deadline = time.monotonic() + 120
+    logs = ""
+    while "train: started" not in logs and time.monotonic() < deadline:  # polled over HTTP: a CLI call costs ~3 s here
+        time.sleep(1)
+        logs = httpx.get(f"http://127.0.0.1:{_DASH}/api/jobs/{job}/logs", timeout=30,
+                         headers={"Authorization": f"Bearer {head['token']}"}).json()["logs"]
+    assert "train: started" in logs, logs[-3000:]
+    stopped = _run(head, "jobs", "stop", job)
+    assert stopped.returncode == 0 and f"job {job} STOPPED" in stopped.stdout, stopped.stdout + stopped.stderr
+    follow = _run(head, "jobs", "logs", job, "--follow", timeout=120)
+    assert follow.returncode == 130, follow.stdout[-2000:] + follow.stderr
+    assert f"job {job} STOPPED" in follow.stderr
+    again = _run(head, "jobs", "stop", job)
+    assert again.returncode == 0 and "is not running (STOPPED)" in again.stdout
