@@ -46,12 +46,16 @@ EPOCHS = 30
 def cluster():
     cluster = LocalCluster(GCS_PORT, DASHBOARD_PORT, CLIENT_PORT)
     try:
+        started = time.monotonic()
         cluster.start_head(num_cpus=0)
         cluster.add_worker(num_cpus=1)
         cluster.add_worker(num_cpus=1)
+        print(f"cluster of 3 nodes up in {time.monotonic() - started:.0f} s")
         yield cluster
     finally:
+        started = time.monotonic()
         left = cluster.shutdown()
+        print(f"cluster stopped in {time.monotonic() - started:.0f} s")
     assert left == [], "processes of the test cluster left running:\n" + "\n".join(left)
 
 
@@ -108,8 +112,9 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         # DDP across nodes, from Ray's state: one worker actor per worker node, ranks 0 and 1.
-        ranks = _wait("2 training workers running", lambda: len(_running_workers(cluster)) == 2 and _running_workers(cluster),
+        ranks = _wait("2 training workers running", lambda: (lambda w: w if len(w) == 2 else None)(_running_workers(cluster)),
                       proc, log, 240)
+        t_train = time.monotonic()
         worker_nodes = {n.node_id for n in cluster.nodes[1:]}
         assert set(ranks) == {0, 1} and set(ranks.values()) == worker_nodes, (ranks, worker_nodes)
         actors = cluster.state("actors", class_name="RayTrainWorker", state="ALIVE")
@@ -125,7 +130,9 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
         victim = next(n for n in cluster.nodes if n.node_id == ranks[1])
         killed = cluster.kill(victim)
         assert killed, "no process of the rank-1 node was found"
+        t_kill = time.monotonic()
         replacement = cluster.add_worker(num_cpus=1)  # as an autoscaler would: the 2 workers fit again
+        t_added = time.monotonic()
 
         assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
     finally:
@@ -136,6 +143,7 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
     text = log.read_text()
     assert "registered: model diabetes version 1" in text, text[-4000:]
     assert "Traceback" not in text, text[-4000:]
+    assert "worker failures: training restarted from the checkpoints of epochs" in text, text[-4000:]
 
     # Recovered from the checkpoint on shared storage, not from scratch.
     from rayline.train.run import locate_best
@@ -160,5 +168,6 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
     assert isinstance(response.json()["predictions"][0], float)
     replicas = [a for a in cluster.state("actors", state="ALIVE") if a["class_name"].startswith("ServeReplica:diabetes")]
     assert replicas and all(a["node_id"] in {survivor.node_id, replacement.node_id} for a in replicas), replicas
-    print(f"multi-node run: {took:.0f} s from submit to served; resumed from epoch {resumed_at}; "
+    print(f"multi-node run: {took:.0f} s from submit to served (workers placed {t_train - started:.0f} s, node killed "
+          f"{t_kill - started:.0f} s, replacement joined {t_added - started:.0f} s); resumed from epoch {resumed_at}; "
           f"killed node {victim.index} ({len(killed)} processes)")
