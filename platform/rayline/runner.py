@@ -173,7 +173,7 @@ def run_pipeline(
 
     # On a multi-node cluster a node-local workspace path would lose checkpoints written on
     # other nodes: fail now, before any work, naming a node that does not see it.
-    check_shared(ws.runs_dir)
+    check_shared(ws.location)
     on_stage("data", "start", f"{spec.data.source.format} {spec.data.source.name or spec.data.source.path}")
     t0 = time.monotonic()
     try:
