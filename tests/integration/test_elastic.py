@@ -86,3 +86,24 @@ def test_what_the_cluster_lacks_fails_at_plan_time(ray_session, ws, tmp_path, tr
         run(spec, ws, spec_path=path)
     assert not list((tmp_path / "built").iterdir())  # no worker ever started
     assert "lacking-iris" not in {m.name for m in Registry(ws).client.search_registered_models()} - before
+
+
+def test_accelerator_type_and_custom_resource_place_the_workers(tmp_path):
+    """A `rayline run` with its own embedded Ray whose node has the logical resources of an A100
+    node and one `rayline_slot` (RAY_OVERRIDE_RESOURCES, read by Ray when the node starts): the
+    workers are placed there, and the custom resource decides the elastic size — 1 of max 2."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    spec, path = _spec(tmp_path, {"workers": {"min": 1, "max": 2}, "accelerator_type": "A100",
+                                  "resources_per_worker": {"rayline_slot": 1}}, "placed-iris")
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # its own embedded Ray, never the session's
+    env["RAY_OVERRIDE_RESOURCES"] = json.dumps({"accelerator_type:A100": 1, "rayline_slot": 1})
+    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "run", path, "--no-serve", "--workspace", str(tmp_path / "ws")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "built").iterdir()) == ["rank0-of-1"]
