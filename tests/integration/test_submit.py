@@ -184,6 +184,27 @@ def test_jobs_stop_stops_a_running_job(head):
         logs = httpx.get(f"http://127.0.0.1:{_DASH}/api/jobs/{job}/logs", timeout=30,
                          headers={"Authorization": f"Bearer {head['token']}"}).json()["logs"]
     assert "train: started" in logs, logs[-3000:]
+    # Ctrl-C while following stops following, not the job.
+    import signal
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    env = {**os.environ, **head["env"], "RAYLINE_WORKSPACE": str(head["ws"])}
+    follower = subprocess.Popen([sys.executable, "-m", "rayline.cli", "jobs", "logs", job, "--follow"], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)  # connected and streaming (a CLI start costs ~3-5 s here)
+    follower.send_signal(signal.SIGINT)
+    out, err = follower.communicate(timeout=60)
+    head["outputs"].append(out + err)
+    assert follower.returncode == 130, out[-2000:] + err
+    assert err.strip().splitlines()[-1] == (f"stopped following {job}; the job keeps running on the cluster "
+                                            f"(stop it with `rayline jobs stop {job}`)"), err
+    assert "Traceback" not in err and "train: started" in out
+    status = httpx.get(f"http://127.0.0.1:{_DASH}/api/jobs/{job}", headers={"Authorization": f"Bearer {head['token']}"},
+                       timeout=30).json()["status"]
+    assert status == "RUNNING"
     stopped = _run(head, "jobs", "stop", job)
     assert stopped.returncode == 0 and f"job {job} STOPPED" in stopped.stdout, stopped.stdout + stopped.stderr
     follow = _run(head, "jobs", "logs", job, "--follow", timeout=120)
