@@ -340,3 +340,17 @@ def test_cli_validate_reports_accelerator_problems_on_one_line_each(tmp_path):
     assert "train.workers.max: must be >= min (got max=2, min=4; allowed: max >= 4)" in text
     assert "train.resources_per_worker.gpu: Ray resource names are case-sensitive" in text
     assert "train.accelerator_type: unknown accelerator type (got 'B9000'; allowed (Ray's ray.util.accelerators): A100" in text
+
+
+def test_placement_message_for_elastic_workers_names_what_they_wait_for(monkeypatch):
+    # Without a running Ray the message leaves out what is available; the asked-for part is whole.
+    from rayline.train.run import START_TIMEOUT_ENV, _placement_message
+
+    monkeypatch.delenv(START_TIMEOUT_ENV, raising=False)
+
+    spec = parse_spec(_raw({"workers": {"min": 1, "max": 4}, "use_gpu": True, "accelerator_type": "L4"}))
+    plan = plan_resources(spec.train, {"CPU": 4.0, "GPU": 2.0, "accelerator_type:L4": 1.0})
+    assert plan.start_workers == 2
+    msg = _placement_message(spec.train.workers, plan)
+    assert msg.startswith("train.workers: the 2 training workers (1 CPU + 1 GPU + 0.001 accelerator_type:L4 each) "
+                          "could not be placed: waited 2 x 60 s for 2 CPU, 2 GPU, 0.002 accelerator_type:L4;"), msg
