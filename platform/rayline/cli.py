@@ -412,7 +412,9 @@ def _follow_job(client, job_id: str) -> None:
         raise typer.Exit(130)
     status = str(getattr(info.status, "value", info.status))
     code = exit_code_for(status, getattr(info, "driver_exit_code", None))
-    line = f"job {job_id} {status}" + (f": {_shown(info.message)}" if code and info.message else "")
+    # Ray's message of a failed job appends the driver's last logs, already streamed above: first line only.
+    message = (info.message or "").split(", last available logs", 1)[0].strip().splitlines()
+    line = f"job {job_id} {status}" + (f": {_shown(message[0])}" if code and message else "")
     (err_console if code else console).print(line)
     raise typer.Exit(code)
 

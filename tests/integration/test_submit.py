@@ -21,6 +21,7 @@ from .test_cluster import _cli
 _GCS = int(os.environ.get("RAYLINE_TEST_SUBMIT_GCS_PORT", "6411"))
 _DASH = int(os.environ.get("RAYLINE_TEST_SUBMIT_DASHBOARD_PORT", "8311"))
 _CLIENT = int(os.environ.get("RAYLINE_TEST_SUBMIT_CLIENT_PORT", "20411"))
+_SERVE = int(os.environ.get("RAYLINE_TEST_SUBMIT_SERVE_PORT", "8811"))
 
 SPEC = """name: iris-submit
 data:
@@ -33,6 +34,7 @@ model:
   kind: gbdt
   params: {max_depth: 3, eta: 0.3, num_boost_round: 5}
 train: {workers: 1, metric: accuracy}
+serve: {route: /iris-submit, replicas: {min: 1, max: 1}}
 """
 
 
@@ -108,7 +110,7 @@ def _job_id(stdout):
 
 def test_submit_follow_runs_the_pipeline_and_jobs_show_it(head):
     start = time.monotonic()
-    proc = _run(head, "submit", str(head["project"] / "iris.yaml"), "--no-serve", "--follow")
+    proc = _run(head, "submit", str(head["project"] / "iris.yaml"), f"--port={_SERVE}", "--follow")
     took = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     out = proc.stdout
@@ -119,8 +121,14 @@ def test_submit_follow_runs_the_pipeline_and_jobs_show_it(head):
     assert f"dashboard: http://127.0.0.1:{_DASH}/#/jobs/{job}" in out
     # The driver's progress, as plain lines while it runs, and the summary.
     for line in ("data: started csv", "data: done in", "train: started 1 workers", "train: done in",
-                 "register: done in", "registered: model iris-submit version 1", f"job {job} SUCCEEDED"):
+                 "register: done in", "registered: model iris-submit version 1",
+                 f"deploy: started /iris-submit on 127.0.0.1:{_SERVE}", f"endpoint: http://127.0.0.1:{_SERVE}/iris-submit",
+                 f"job {job} SUCCEEDED"):
         assert line in out, (line, out[-4000:])
+    # The endpoint outlives the job: Serve apps belong to the cluster.
+    answer = httpx.post(f"http://127.0.0.1:{_SERVE}/iris-submit/predict", timeout=60, json={"instances": [
+        {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}]})
+    assert answer.status_code == 200 and answer.json()["predictions"] == [0], answer.text
     print(f"submit --follow: {took:.1f} s")
 
     listed = _run(head, "jobs", "list")
@@ -168,6 +176,16 @@ def test_without_a_token_it_fails_closed_and_the_token_never_shows(head, tmp_pat
     assert head["token"] not in jobs and "RAY_AUTH_TOKEN" not in jobs
     for text in head["outputs"]:
         assert head["token"] not in text
+
+
+def test_a_failing_job_exits_with_its_drivers_code(head):
+    # An absolute data path is read on the cluster, as written; there it does not exist: the
+    # driver's `rayline run` exits 2 (bad data), and so does `submit --follow`.
+    proc = _run(head, "submit", str(head["project"] / "iris.yaml"), "--no-serve", "--follow",
+                "--set", "data.source.path=/nonexistent/iris.csv")
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "data.source.path" in proc.stdout and "/nonexistent/iris.csv" in proc.stdout, proc.stdout[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].endswith("FAILED: Job entrypoint command failed with exit code 2"), proc.stderr
 
 
 def test_jobs_stop_stops_a_running_job(head):
