@@ -21,7 +21,7 @@ from rayline.errors import InterruptedRun, RaylineError, SpecError
 from rayline.spec import PipelineSpec
 from rayline.workspace import Workspace
 
-__all__ = ["RunSummary", "run_pipeline", "STAGES", "RECORD_FILE"]
+__all__ = ["RunSummary", "run_pipeline", "STAGES", "RECORD_FILE", "plan_when_settled", "PLAN_SETTLE_S"]
 
 STAGES = ("data", "train", "register", "deploy")
 _BOOKKEEPING = ("epoch", "resumed")  # in each history row, but not model metrics
@@ -46,6 +46,38 @@ class RunSummary:
 
 def _noop(stage: str, event: str, detail: str = "") -> None:
     pass
+
+
+# Ray's view of free resources lags: a node reports the CPUs its finished tasks gave back with
+# its next resource report. On the three-node test cluster (tests/integration/test_multinode.py),
+# loaded, the data stage's tasks had ended but 1 of 2 CPUs showed free, and the plan failed ("the
+# cluster has 1 available"). A plan that fails while the cluster's total would fit it is tried
+# again for up to this long; one the total cannot fit fails at once.
+PLAN_SETTLE_S = 15.0
+
+
+def plan_when_settled(plan: Callable[[dict], object], available: Callable[[], dict], total: Callable[[], dict],
+                      settle_s: float = PLAN_SETTLE_S, sleep: Callable[[float], None] = time.sleep,
+                      clock: Callable[[], float] = time.monotonic):
+    """`plan(available())`, retried every 0.5 s for `settle_s` while it raises ResourceError and
+    `plan(total())` would not: resources still being given back. The last error otherwise."""
+    from rayline.errors import ResourceError
+
+    deadline = clock() + settle_s
+    while True:
+        try:
+            return plan(available())
+        except ResourceError:
+            if clock() >= deadline:
+                raise
+            try:
+                plan(total())
+            except ResourceError:
+                pass
+            else:
+                sleep(0.5)
+                continue
+            raise
 
 
 def search_paths(spec_path: str | None) -> list[str]:
@@ -188,13 +220,18 @@ def run_pipeline(
     on_stage("data", "done", f"{data.rows['train']}/{data.rows['valid']}/{data.rows['test']} rows, "
              f"{len(data.preprocessing.output_columns)} features, {data.task}")
 
-    available = dict(ray.available_resources())
     concurrency = spec.tune.max_concurrent if spec.tune else 1
-    if spec.tune:
-        available["CPU"] = available.get("CPU", 0) - TRIAL_DRIVER_CPUS * concurrency
+
+    def for_training(resources: dict) -> dict:
+        resources = dict(resources)
+        if spec.tune:
+            resources["CPU"] = resources.get("CPU", 0) - TRIAL_DRIVER_CPUS * concurrency
+        return resources
+
     # Sized for the largest train.workers a trial can draw: every draw then fits, and one
     # that never could fails here, before anything starts, naming the resource.
-    plan = plan_resources(spec.train, available, concurrency, max_workers=max_workers(spec))
+    plan = plan_when_settled(lambda available: plan_resources(spec.train, available, concurrency, max_workers=max_workers(spec)),
+                             lambda: for_training(ray.available_resources()), lambda: for_training(ray.cluster_resources()))
     metric = spec.resolved_metric(data.task)
 
     registry = Registry(ws)
