@@ -508,8 +508,9 @@ def jobs_status(job: str = typer.Argument(..., metavar="JOB", help="Submission i
     info = client.info(job)
     status = str(getattr(info.status, "value", info.status))
     console.print(f"job:        {info.submission_id or job}\nstatus:     {status}")
-    if info.message:
-        console.print(f"message:    {_shown(info.message)}")
+    message = (info.message or "").split(", last available logs", 1)[0].strip().splitlines()
+    if message:  # Ray appends a failed driver's last logs to its message: `rayline jobs logs` has them
+        console.print(f"message:    {_shown(message[0])}")
     if getattr(info, "driver_exit_code", None) is not None:
         console.print(f"exit code:  {info.driver_exit_code}")
     console.print(f"started:    {_when(info.start_time)}\nended:      {_when(info.end_time)}\n"
