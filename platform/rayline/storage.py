@@ -214,14 +214,18 @@ def ensure_dir(location: str, where: str = "workspace") -> None:
         os.makedirs(location, exist_ok=True)
         return
     scheme = location.split("://", 1)[0]
-    probe = join(location, ".rayline-write-probe")
+    # One probe per process: runs starting at once on one workspace must not delete each other's.
+    probe = join(location, f".rayline-write-probe-{os.getpid()}-{secrets.token_hex(4)}")
     fs, path = filesystem(probe)
     try:
         with fs.open_output_stream(path) as fh:
             fh.write(b"ok")
-        fs.delete_file(path)
     except OSError as exc:
         raise StorageError(f"{where}: cannot write to {_shown(location)}: {_first_line(exc)} ({_env_hint(scheme)})") from exc
+    try:
+        fs.delete_file(path)
+    except OSError:
+        pass  # written is what mattered; a policy may allow writes without deletes
 
 
 # ----------------------------------------------------------------- the multi-node start check
