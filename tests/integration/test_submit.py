@@ -185,6 +185,8 @@ def test_a_failing_job_exits_with_its_drivers_code(head):
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "data.source.path" in proc.stdout and "/nonexistent/iris.csv" in proc.stdout, proc.stdout[-3000:]
     assert proc.stderr.strip().splitlines()[-1].endswith("FAILED: Job entrypoint command failed with exit code 2"), proc.stderr
+    status = _run(head, "jobs", "status", _job_id(proc.stdout))
+    assert "status:     FAILED\nmessage:    Job entrypoint command failed with exit code 2\nexit code:  2\n" in status.stdout, status.stdout
 
 
 def test_jobs_stop_stops_a_running_job(head):
