@@ -32,6 +32,7 @@ _PORT_NAMES = ("--node-manager-port", "--object-manager-port", "--metrics-export
 # A worker node's Serve proxy binds these instead of the head's HTTP port (Ray starts a proxy on
 # every node with a replica; on one machine they would all want the same port).
 _WORKER_PROXY_HTTP, _WORKER_PROXY_GRPC = 6, 7
+_LABEL = "rayline-test-node"
 _START_TIMEOUT_S = 180  # `ray start` took 9-12 s per node on the loaded 2-core machine
 
 
@@ -47,6 +48,13 @@ class Node:
     num_cpus: int
     node_id: str | None = None
     alive: bool = True
+
+    @property
+    def name(self) -> str:
+        """This node's label value (`ray start --labels`): how it is told from the others in Ray's
+        state. Not `--node-name`: Ray Serve takes a node's name for its IP address (measured: with
+        names set, the deploy failed "Proxies not available after 60s")."""
+        return os.path.basename(self.temp_dir)
 
     @property
     def info(self) -> dict:
@@ -96,15 +104,19 @@ class LocalCluster:
                 env["RAY_SERVE_WORKER_PROXY_GRPC_PORT"] = str(base + _WORKER_PROXY_GRPC)
         return env
 
-    def _start(self, num_cpus: int, *args: str) -> Node:
+    def _new_node(self, num_cpus: int) -> Node:
         index = len(self.nodes)
         node = Node(index, f"/tmp/rlmn-{self.tag}-{index}", f"/tmp/rlmnh-{self.tag}-{index}", num_cpus)
         os.makedirs(node.haproxy_dir, exist_ok=True)
         self.nodes.append(node)  # before starting: a failed start is still torn down
-        base = _NODE_PORT_BASE + 10 * index
+        return node
+
+    def _start(self, num_cpus: int, *args: str, node: Node | None = None) -> Node:
+        node = node or self._new_node(num_cpus)
+        base = _NODE_PORT_BASE + 10 * node.index
         ports = [f"{name}={base + k}" for k, name in enumerate(_PORT_NAMES)]
         cmd = [_ray_cli(), "start", *args, f"--num-cpus={num_cpus}", f"--temp-dir={node.temp_dir}",
-               "--disable-usage-stats", *ports]
+               f"--labels={_LABEL}={node.name}", "--disable-usage-stats", *ports]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_START_TIMEOUT_S, env=self.env(node))
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -119,11 +131,23 @@ class LocalCluster:
 
     def add_worker(self, num_cpus: int = 1) -> Node:
         """Start a worker node and wait until the cluster lists it alive (as an autoscaler would add one)."""
+        return self.add_workers(1, num_cpus)[0]
+
+    def add_workers(self, count: int, num_cpus: int = 1) -> list[Node]:
+        """Start `count` worker nodes at once (`ray start` took 9-12 s each on the loaded 2-core
+        machine, mostly waiting) and wait until the cluster lists them alive."""
+        from concurrent.futures import ThreadPoolExecutor
+
         known = {n.node_id for n in self.nodes if n.node_id}
-        node = self._start(num_cpus, f"--address={self.address}")
+        nodes = [self._new_node(num_cpus) for _ in range(count)]
+        with ThreadPoolExecutor(count) as pool:
+            list(pool.map(lambda n: self._start(num_cpus, f"--address={self.address}", node=n), nodes))
         alive = self._wait_for_nodes(len([n for n in self.nodes if n.alive]))
-        node.node_id = next(n for n in alive if n not in known)
-        return node
+        new = [n for n in alive if n not in known]
+        by_name = {n["labels"].get(_LABEL): n["node_id"] for n in self.state("nodes") if n["node_id"] in new}
+        for node in nodes:
+            node.node_id = by_name[node.name]
+        return nodes
 
     # -- Ray's state, from the head's dashboard (the state API over HTTP) --
 
@@ -188,6 +212,15 @@ class LocalCluster:
             if any(p.pid == pid for p in _head_processes(node.temp_dir, None, node.haproxy_dir)):
                 return node
         return None
+
+    def save_logs(self, dest: str) -> None:
+        """Copy every node's Ray logs to `dest`/<node> (for a failed test: the nodes' temp dirs
+        are removed at shutdown)."""
+        for node in self.nodes:
+            logs = os.path.join(node.temp_dir, "session_latest", "logs")
+            if os.path.isdir(logs):
+                shutil.copytree(logs, os.path.join(dest, node.name), symlinks=True, dirs_exist_ok=True,
+                                ignore_dangling_symlinks=True)
 
     def shutdown(self) -> list[str]:
         """Stop every node this cluster started, workers first, the head last; return what is left."""

@@ -48,8 +48,7 @@ def cluster():
     try:
         started = time.monotonic()
         cluster.start_head(num_cpus=0)
-        cluster.add_worker(num_cpus=1)
-        cluster.add_worker(num_cpus=1)
+        cluster.add_workers(2, num_cpus=1)
         print(f"cluster of 3 nodes up in {time.monotonic() - started:.0f} s")
         yield cluster
     finally:
@@ -135,6 +134,9 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
         t_added = time.monotonic()
 
         assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
+    except BaseException:
+        cluster.save_logs(str(tmp_path / "ray-logs"))  # what each node logged, kept past the teardown
+        raise
     finally:
         if proc.poll() is None:
             proc.kill()
