@@ -311,6 +311,9 @@ def token_auth_on() -> bool:
     return _has_token()
 
 
+_DASHBOARD_AGENT_PORT = 52365  # ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT
+
+
 def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, dashboard_port: int = 8265,
                ingress: str | None = None, host: str = "127.0.0.1", client_port: int = 10001) -> dict:
     """Start a local Ray head for this workspace with `ray start --head` and record it.
@@ -338,9 +341,16 @@ def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, das
     _check_ports_free(host, {"--port": port, "--dashboard-port": dashboard_port, "--client-port": client_port})
     loopback = host == "127.0.0.1"
     address = f"127.0.0.1:{port}"
+    # Ray's dashboard agent (which runs submitted jobs) always takes port 52365 unless told
+    # otherwise: a second Ray on this machine (an embedded `rayline run`, another head) held it,
+    # this head's agent could not start, and every `rayline submit` got HTTP 500 "No available
+    # agent". The default when free, else any free port.
+    from rayline.ports import free_port
+
+    agent_port = free_port(host, _DASHBOARD_AGENT_PORT)
     cmd = [_ray_cli(), "start", "--head", f"--port={port}", "--disable-usage-stats", "--include-dashboard=true",
            f"--dashboard-host={host}", f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}",
-           f"--temp-dir={temp_dir}"]
+           f"--dashboard-agent-listen-port={agent_port}", f"--temp-dir={temp_dir}"]
     if loopback:
         cmd.append("--node-ip-address=127.0.0.1")
     if num_cpus:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import socket
 
-__all__ = ["port_holder"]
+__all__ = ["port_holder", "free_port"]
 
 
 def _describe_listener(port: int) -> str:
@@ -40,3 +40,13 @@ def port_holder(host: str, port: int) -> str | None:
                 return None
             return _describe_listener(port)
     return None
+
+
+def free_port(host: str, preferred: int) -> int:
+    """`preferred` when it can be bound on `host`, else a port the OS picks as free now."""
+    if port_holder(host, preferred) is None:
+        return preferred
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host or "0.0.0.0", 0))
+        return sock.getsockname()[1]

@@ -103,15 +103,48 @@ def _non_loopback_listeners(procs):
     return bad
 
 
+def _hold_port(port: int):
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen()
+    return sock
+
+
+def _job_runs_on(dashboard: str) -> None:
+    from rayline.jobs.client import TERMINAL, JobsClient
+
+    client = JobsClient.connect(dashboard)
+    job = client.submit(entrypoint="python -c 'print(40 + 2)'")
+    deadline = time.monotonic() + 120
+    while (status := str(client.info(job).status).split(".")[-1]) not in TERMINAL and time.monotonic() < deadline:
+        time.sleep(1)
+    assert status == "SUCCEEDED", client.logs(job)
+    assert "42" in client.logs(job)
+
+
 def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
     from rayline.cluster import _head_processes
 
     ws_a, ws_b = tmp_path / "a", tmp_path / "b"
-    info_a = _up(ws_a, 0)
+    agent_port = _hold_port(52365)  # as another Ray on this machine would (None: one already does)
+    try:
+        info_a = _up(ws_a, 0)
+    finally:
+        if agent_port:
+            agent_port.close()
     info_b = None
     try:
         status = _cli(ws_a, "cluster", "status")
         assert status.returncode == 0 and f"127.0.0.1:{HEAD_PORTS[0]}" in status.stdout, status.stdout + status.stderr
+
+        # The head takes jobs although another process held the dashboard agent's default port
+        # (52365) when it started: its agent got another one. Before, every submission
+        # failed with HTTP 500 "No available agent to submit job".
+        _job_runs_on(f"http://127.0.0.1:{DASHBOARD_PORTS[0]}")
 
         # `rayline run` finds the recorded head, deploys there and returns; the endpoint outlives it.
         run = _cli(ws_a, "run", "pipelines/diabetes-torch.yaml", f"--port={SERVE_PORT}", "--set", "train.epochs=2")
