@@ -23,7 +23,6 @@ to it through `rayline submit` and the dashboard's HTTP API only. Every node is 
 the module, on failure too, and the test checks that no process of any node is left.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -144,7 +143,9 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
     took = time.monotonic() - started
     text = log.read_text()
     assert "registered: model diabetes version 1" in text, text[-4000:]
-    assert "Traceback" not in text, text[-4000:]
+    # Not "no Traceback": the job's log also carries Ray's own reports about the dead node's workers.
+    assert not [line for line in text.splitlines() if line.startswith("error:")], text[-4000:]
+    assert text.rstrip().endswith("SUCCEEDED"), text[-2000:]
     assert "worker failures: training restarted from the checkpoints of epochs" in text, text[-4000:]
 
     # Recovered from the checkpoint on shared storage, not from scratch.
