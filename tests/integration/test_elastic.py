@@ -73,7 +73,8 @@ def test_elastic_min1_max2_trains_with_the_workers_that_fit(ray_session, ws, tmp
      r"^train.accelerator_type: no node of the cluster with accelerator type A100 has room "
      r"\(Ray resource 'accelerator_type:A100': 0 available; accelerator types available: none\)"),
     ({"workers": {"min": 3, "max": 4}, "cpus_per_worker": 1},
-     r"^train.cpus_per_worker: 3 workers x 1 CPUs need 3 CPUs; the cluster has 2 available "
+     # CPUs of an earlier test's workers may still be on their way back: any amount under 3
+     r"^train.cpus_per_worker: 3 workers x 1 CPUs need 3 CPUs; the cluster has [\d.]+ available "
      r"\(allowed: lower train.workers.min or train.cpus_per_worker\)"),
 ], ids=["custom-resource", "accelerator-type", "elastic-min"])
 def test_what_the_cluster_lacks_fails_at_plan_time(ray_session, ws, tmp_path, train, expected):
