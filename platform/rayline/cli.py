@@ -36,7 +36,8 @@ jobs_app = typer.Typer(help="Ray Jobs on a cluster, through its Jobs API (the da
 app.add_typer(jobs_app, name="jobs")
 
 WorkspaceOpt = typer.Option(None, "--workspace", "-w", envvar="RAYLINE_WORKSPACE",
-                            help="State directory (MLflow store, artifacts, runs). Default ./.rayline.")
+                            help="State directory (MLflow store, artifacts, runs), or an s3:// / gs:// URI for runs, "
+                            "checkpoints and artifacts. Default ./.rayline.")
 
 
 def _ws(path: Optional[Path]):

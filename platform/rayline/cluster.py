@@ -243,7 +243,9 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
         # groups of trials Tune stops early; without it those CPUs leak.
         os.environ.update(train_env())  # inherited by the raylet and every worker
         os.environ.update(serve_env(ingress))
-        ray.init(num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=verbose, namespace="rayline",
+        # address="local": a Ray of our own even when another head on this machine recorded
+        # itself in /tmp/ray/ray_current_cluster (a bare ray.init() would join that cluster).
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=verbose, namespace="rayline",
                  configure_logging=True, logging_level="WARNING")
     except ConnectionError as exc:
         raise ClusterError(f"cannot reach a Ray cluster at {address}: {exc} (start one with `rayline cluster up`)") from None

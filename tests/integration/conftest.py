@@ -30,7 +30,9 @@ def ray_session():
     # API keys for serve.auth.api_keys_env (test_serve_access.py): set before ray.init, the way a
     # user sets them before `rayline run`, so replicas inherit them and no runtime_env holds them.
     os.environ.setdefault("RAYLINE_TEST_API_KEYS", "test-env-key-" + os.urandom(12).hex())
-    ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, namespace="rayline-tests")
+    # address="local": always a new Ray of its own, never one that another `ray start` on this
+    # machine recorded in /tmp/ray/ray_current_cluster (ray.init() would join that one).
+    ray.init(address="local", num_cpus=2, include_dashboard=True, log_to_driver=False, namespace="rayline-tests")
     yield ray
     from ray import serve
 

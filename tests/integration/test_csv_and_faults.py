@@ -119,9 +119,11 @@ def test_ray_data_fit_equals_pandas_fit(churn):
 
 
 def _alive_train_workers():
+    import ray
     from ray.util.state import list_actors
 
-    return list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    # This session's own Ray, named: with other Rays on the machine the state API refused to guess.
+    return list_actors(address=ray.get_runtime_context().gcs_address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
 
 
 def _registered_epoch(pattern):

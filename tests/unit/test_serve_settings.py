@@ -95,3 +95,13 @@ def test_serve_env_proxy_and_bad_choice(monkeypatch):
     assert serve_env()["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
     with pytest.raises(ClusterError, match=r"ingress: unknown Serve ingress \(got 'nginx'; allowed: haproxy, proxy"):
         serve_env("nginx")
+
+
+def test_serve_config_workspace_uri_is_passed_on_and_a_path_made_absolute(tmp_path, monkeypatch):
+    from rayline.serve.app import _workspace_arg
+
+    monkeypatch.chdir(tmp_path)
+    assert _workspace_arg("s3://bucket/prefix") == "s3://bucket/prefix"  # abspath made it <cwd>/s3:/bucket/prefix
+    assert _workspace_arg("gs://bucket") == "gs://bucket"
+    assert _workspace_arg(".rayline") == str(tmp_path / ".rayline")
+    assert _workspace_arg(None) is None

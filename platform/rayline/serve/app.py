@@ -153,10 +153,18 @@ def build_app(args: dict[str, Any]):
     return ModelServer.options(**options).bind(
         args["name"],
         str(args["version"]) if args.get("version") not in (None, "latest") else None,
-        os.path.abspath(args["workspace"]) if args.get("workspace") else None,
+        _workspace_arg(args.get("workspace")),
         args.get("tracking_uri"),
         settings,
     )
+
+
+def _workspace_arg(value):
+    """A path is made absolute where the app is built (replicas start elsewhere); an s3:// or
+    gs:// workspace is passed on as written."""
+    if not value:
+        return None
+    return str(value) if "://" in str(value) else os.path.abspath(value)
 
 
 def deploy(spec, version: str, ws, host: str, port: int) -> str:
