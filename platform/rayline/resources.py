@@ -51,6 +51,13 @@ class ResourcePlan:
     def elastic(self) -> bool:
         return self.min_workers < self.max_workers
 
+    def workers_text(self) -> str:
+        """How many workers, as the progress line says it: '2 workers', or for elastic training
+        '1-4 workers (starting with 2)'."""
+        if self.elastic:
+            return f"{self.min_workers}-{self.max_workers} workers (starting with {self.start_workers})"
+        return f"{self.start_workers or self.min_workers} workers"
+
     def worker_resources(self) -> dict:
         """One worker's Ray resources, as ScalingConfig.resources_per_worker takes them."""
         res = {"CPU": self.cpus_per_worker}

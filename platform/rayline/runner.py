@@ -250,12 +250,12 @@ def run_pipeline(
         t0 = time.monotonic()
         if spec.tune:
             on_stage("train", "start", f"{'resuming ' if previous else ''}tuning: {spec.tune.num_samples} trials, "
-                     f"{plan.concurrent_trials} at once, {spec.train.workers} workers x {plan.cpus_per_worker:g} CPU")
+                     f"{plan.concurrent_trials} at once, {plan.workers_text()} x {plan.cpus_per_worker:g} CPU")
             outcome = tune_pipeline(spec, data, storage_path=ws.runs_dir, experiment=experiment, plan=plan, search_paths=paths,
                                     resume=bool(previous))
             winner, trials = outcome.winner, outcome.trials
         else:
-            on_stage("train", "start", f"{'resuming: ' if previous else ''}{spec.train.workers} workers x "
+            on_stage("train", "start", f"{'resuming: ' if previous else ''}{plan.workers_text()} x "
                      f"{plan.cpus_per_worker:g} CPU, {spec.train.epochs} epochs")
             # Same storage path and name as the interrupted run: Ray Train restores its latest checkpoint.
             winner = train(spec, data, storage_path=folder, run_name="train", plan=plan, search_paths=paths)

@@ -53,3 +53,10 @@ def test_every_smaller_draw_fits_the_plan_for_the_largest():
 
 def test_draws_below_train_workers_keep_the_spec_plan():
     assert plan_resources(TrainSpec(workers=2), {"CPU": 2.0}, max_workers=1) == plan_resources(TrainSpec(workers=2), {"CPU": 2.0})
+
+
+def test_progress_line_names_the_workers_a_run_starts_with():
+    assert plan_resources(TrainSpec(workers=2), {"CPU": 2.0}).workers_text() == "2 workers"
+    # elastic {min: 1, max: 4} on 2 CPUs with a whole CPU per worker: 2 fit now
+    elastic = plan_resources(TrainSpec(workers={"min": 1, "max": 4}, cpus_per_worker=1), {"CPU": 2.0})
+    assert elastic.workers_text() == "1-4 workers (starting with 2)"
