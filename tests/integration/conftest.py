@@ -1,12 +1,20 @@
 """One real local Ray per test session, one workspace, one Serve HTTP port."""
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = int(os.environ.get("RAYLINE_TEST_PORT", "8765"))
+
+
+# A test run started in the background of a non-interactive shell (`pytest &`, nohup) inherits
+# SIGINT ignored, and so would every `rayline` process the tests start: the Ctrl-C tests (exit
+# 130, clean interrupts) need it delivered, as at a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items):
@@ -26,13 +34,21 @@ def ray_session():
     # dashboard stays on: Ray's state API (Train's placement-group cleanup after Tune stops
     # a trial early, and the fault test's worker lookup) needs it.
     os.environ.update(train_env())  # as `rayline run` does: the Train controller polls reports faster
-    os.environ.update(serve_env())  # and the same Serve ingress (HAProxy unless RAYLINE_SERVE_INGRESS=proxy)
+    ingress_env = serve_env()
+    os.environ.update(ingress_env)  # and the same Serve ingress (HAProxy unless RAYLINE_SERVE_INGRESS=proxy)
     # API keys for serve.auth.api_keys_env (test_serve_access.py): set before ray.init, the way a
     # user sets them before `rayline run`, so replicas inherit them and no runtime_env holds them.
     os.environ.setdefault("RAYLINE_TEST_API_KEYS", "test-env-key-" + os.urandom(12).hex())
     # address="local": always a new Ray of its own, never one that another `ray start` on this
     # machine recorded in /tmp/ray/ray_current_cluster (ray.init() would join that one).
     ray.init(address="local", num_cpus=2, include_dashboard=True, log_to_driver=False, namespace="rayline-tests")
+    # HAProxy's state dir and stats/metrics ports are this Ray's own, and its raylet has them now.
+    # Left in os.environ they would pass for a user's settings to every Ray a later test starts
+    # (`ray start` heads, `rayline run` subprocesses, multi-node clusters), whose HAProxy then
+    # failed to bind this one's ports ("Some protocols failed to start their listeners").
+    for key in ingress_env:
+        if key.startswith("RAY_SERVE_HAPROXY_"):
+            os.environ.pop(key, None)
     yield ray
     from ray import serve
 
