@@ -1,4 +1,5 @@
-"""Elastic workers and per-worker resources on the session's real Ray (2 CPUs, no custom resources).
+"""Elastic workers and per-worker resources on real Rays: the session's (2 CPUs, no custom
+resources) and the embedded Ray of a `rayline run` subprocess.
 
 - `train.workers: {min: 1, max: 2}` trains for real through Ray Train V2's elastic scaling
   policy; a `model.import` builder records each worker's rank and world size, so the test
@@ -54,14 +55,26 @@ def _spec(tmp_path, train: dict, name: str):
     return load_spec(path), str(path)
 
 
-def test_elastic_min1_max2_trains_with_the_workers_that_fit(ray_session, ws, tmp_path):
+def test_elastic_min1_max2_trains_with_the_workers_that_fit(tmp_path):
+    """A `rayline run` with its own embedded 2-CPU Ray (a subprocess, as a user runs it): the
+    session's Ray has just run sweeps, and Ray's autoscaling coordinator keeps their resource
+    requests for 180 s, which held an elastic start there for ~3 minutes (README)."""
+    import os
+    import subprocess
+    import sys
+
     spec, path = _spec(tmp_path, {"workers": {"min": 1, "max": 2}, "resources_per_worker": {"CPU": 0.5, "memory": 50e6}},
                        "elastic-iris")
     assert spec.train.elastic and (spec.train.min_workers, spec.train.max_workers) == (1, 2)
-    summary = run(spec, ws, spec_path=path)
-    assert [row["epoch"] for row in summary.trials[0].result.history] == [0]
-    assert summary.version and "accuracy" in summary.test_metrics
-    # Ray Train's elastic policy started both workers: the 2-CPU session holds 2 x 0.5 CPU.
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # its own embedded Ray, never the session's
+    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "run", path, "--no-serve", "--workspace", str(tmp_path / "ws")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    # The plan started both workers (2 x 0.5 CPU fit the 2 CPUs), said so, and they trained.
+    assert "train: started 1-2 workers (starting with 2) x 0.5 CPU, 1 epochs" in proc.stdout, proc.stdout
+    assert "registered: model elastic-iris version 1" in proc.stdout and "accuracy" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "built").iterdir()) == ["rank0-of-2", "rank1-of-2"]
 
 
