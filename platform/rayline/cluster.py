@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayline.errors import ClusterError
+from rayline.ports import free_port
 from rayline.workspace import Workspace
 
 __all__ = ["Connection", "connect", "train_env", "serve_env", "INGRESS_CHOICES", "HOST_CHOICES", "cluster_up", "cluster_down",
@@ -85,14 +86,6 @@ DEFAULT_INGRESS = "haproxy"
 _HAPROXY_FLAGS = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def serve_env(ingress: str | None = None, state_dir: str | None = None) -> dict[str, str]:
     """Environment for the Ray Serve ingress of a Ray that rayline starts.
 
@@ -126,8 +119,8 @@ def serve_env(ingress: str | None = None, state_dir: str | None = None) -> dict[
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": state,
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(state, "server-state"),
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": os.path.join(state, "metrics.sock"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
         # A stopping ingress replica stays open this long so load balancers can deregister it
         # (Ray's default 30 s: every serve.delete, and Ctrl-C of `rayline run`, took 31 s per
         # app). The HAProxy rayline starts is told by the controller within ~0.5 s.
@@ -347,8 +340,6 @@ def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, das
     # otherwise: a second Ray on this machine (an embedded `rayline run`, another head) held it,
     # this head's agent could not start, and every `rayline submit` got HTTP 500 "No available
     # agent". The default when free, else any free port.
-    from rayline.ports import free_port
-
     agent_port = free_port(host, _DASHBOARD_AGENT_PORT)
     cmd = [_ray_cli(), "start", "--head", f"--port={port}", "--disable-usage-stats", "--include-dashboard=true",
            f"--dashboard-host={host}", f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}",

@@ -42,9 +42,9 @@ def port_holder(host: str, port: int) -> str | None:
     return None
 
 
-def free_port(host: str, preferred: int) -> int:
+def free_port(host: str = "127.0.0.1", preferred: int | None = None) -> int:
     """`preferred` when it can be bound on `host`, else a port the OS picks as free now."""
-    if port_holder(host, preferred) is None:
+    if preferred is not None and port_holder(host, preferred) is None:
         return preferred
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
