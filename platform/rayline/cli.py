@@ -459,8 +459,8 @@ def submit(
     console.print(f"submitted job {job_id} to {url} (from {source})")
     console.print(f"  shipped: {len(pkg.files)} files, {human_size(pkg.total_bytes)} from {pkg.root}"
                   + (f" (left out: {left})" if left else ""))
-    console.print(f"  runs:    {submission.entrypoint}")
-    console.print(f"  workspace on the cluster: {submission.workspace}")
+    console.print(f"  runs:    {_shown(submission.entrypoint)}")
+    console.print(f"  workspace on the cluster: {_shown(submission.workspace)}")
     console.print(f"  dashboard: {url}/#/jobs/{job_id}")
     where = "" if source.startswith("the head of") else f" --address {url}"
     if not follow:
@@ -486,7 +486,7 @@ def jobs_list(address: Optional[str] = JobsAddressOpt, workspace: Optional[str] 
     jobs = sorted(client.list(), key=lambda j: j.start_time or 0, reverse=True)
     rows = [{"job": j.submission_id or j.job_id, "status": str(getattr(j.status, "value", j.status)),
              "pipeline": (j.metadata or {}).get("rayline_spec", ""), "start": _when(j.start_time), "end": _when(j.end_time),
-             "entrypoint": j.entrypoint} for j in jobs]
+             "entrypoint": _shown(j.entrypoint or "")} for j in jobs]
     if output == "json":
         print(json.dumps(rows, indent=2))
         return
@@ -515,7 +515,7 @@ def jobs_status(job: str = typer.Argument(..., metavar="JOB", help="Submission i
     if getattr(info, "driver_exit_code", None) is not None:
         console.print(f"exit code:  {info.driver_exit_code}")
     console.print(f"started:    {_when(info.start_time)}\nended:      {_when(info.end_time)}\n"
-                  f"entrypoint: {info.entrypoint}\ndashboard:  {client.url}/#/jobs/{info.submission_id or job}")
+                  f"entrypoint: {_shown(info.entrypoint or '')}\ndashboard:  {client.url}/#/jobs/{info.submission_id or job}")
 
 
 @jobs_app.command("logs")

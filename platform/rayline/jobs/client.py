@@ -110,6 +110,9 @@ class JobsClient:
             raise ClusterError(f"{self.url}: no Ray Jobs API answers there (allowed: the dashboard's URL of a running "
                                "cluster, e.g. http://HEAD:8265; `kubectl port-forward` or `ray dashboard` to reach a "
                                "private one)") from exc
+        except requests.exceptions.RequestException as exc:  # a malformed URL, too many redirects, ...
+            raise ClusterError(f"{self.url}: not a Ray Jobs API address ({type(exc).__name__}; allowed: the "
+                               "dashboard's URL, e.g. http://HEAD:8265)") from exc
         except RuntimeError as exc:
             text = mask(str(exc), self._token)
             if "status code 404" in text or "does not exist" in text:
@@ -138,6 +141,8 @@ class JobsClient:
         try:
             return self._call(lambda: self._client.get_job_info(job_id))
         except JobError as exc:
+            if "404" not in str(exc) and "does not exist" not in str(exc):
+                raise  # the API refused the request for another reason: say that one
             raise JobError(f"{job_id}: no such job on {self.url} (allowed: a submission id from "
                            "`rayline jobs list`)") from exc
 
