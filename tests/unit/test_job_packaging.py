@@ -252,3 +252,12 @@ def test_cli_unreachable_address_is_one_line_naming_it(tmp_path):
         assert proc.returncode == 1, proc.stderr
         assert proc.stderr.startswith("error: http://127.0.0.1:1: no Ray Jobs API answers there"), proc.stderr
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_spec_data_named_like_a_credential_is_shipped_and_not_reported_as_left_out(tmp_path):
+    root = _project(tmp_path, data="data/train.key")
+    _write(root, "data/train.key", "a,target\n1,0\n")
+    _write(root, "data/other.key", "secret")
+    sub = plan_submission(root / "spec.yaml", [], workspace="/shared/ws")
+    assert "data/train.key" in sub.package.files and "data/other.key" not in sub.package.files
+    assert sub.package.skipped["credentials"] == ["data/other.key"]  # the shipped one is not counted

@@ -200,12 +200,12 @@ def collect_files(root: str | os.PathLike, *, data_paths: tuple[str, ...] = (), 
             path = here / name
             if name in _IGNORE_FILES or name in _NEVER_SHIPPED_FILES or name.endswith((".pyc", ".pyo")):
                 continue
+            if rel in forced:
+                continue  # the spec names it: shipped below whatever it looks like, and not counted as left out
             if _is_secret(name):
                 package.skip("credentials", rel)
             elif path.is_symlink() and not _inside(path.resolve(), root):
                 package.skip("links out of the project", rel)
-            elif rel in forced:
-                continue  # added below, ignored or not
             elif rules.ignored(rel, is_dir=False):
                 package.skip(".gitignore/.rayignore", rel)
             elif path.is_file():
