@@ -328,3 +328,34 @@ def test_schemathesis_finds_no_server_errors(endpoint):
         check()
     assert counts["requests"] >= 1000, counts
     assert not failures, failures[:3]
+
+
+def test_handle_call_http_answers_exactly_as_over_http(endpoint, rows, digits):
+    """The router and the V2 app reach a version through `ModelServer.call_http` on a handle: the
+    same bytes as the HTTP route, and the same JSON 422 for a bad row."""
+    import asyncio
+
+    from ray import serve
+    from ray.serve.handle import DeploymentHandle
+
+    body = json.dumps({"instances": rows[:5], "probabilities": True}).encode()
+    bad_body = json.dumps({"instances": [{"nope": 1}]}).encode()
+
+    async def both():
+        # Serve's handles run their router on the caller's event loop here (the HAProxy ingress
+        # sets RAY_SERVE_THROUGHPUT_OPTIMIZED), as inside a replica: call them from one.
+        # Not serve.get_app_handle: Serve caches that one and shuts it down at serve.shutdown(),
+        # on this loop, closed by then.
+        handle = DeploymentHandle(serve.status().applications[digits.name].deployments.popitem()[0], digits.name)
+        try:
+            good = await handle.call_http.remote("POST", "/predict", [(b"content-type", b"application/json")], body)
+            bad = await handle.call_http.remote("POST", "/predict", [], bad_body)
+        finally:
+            await handle.shutdown_async()
+        return good, bad
+
+    via_handle, bad = asyncio.run(both())
+    via_http = _post(endpoint, {"instances": rows[:5], "probabilities": True})
+    assert via_handle.status == 200
+    assert json.loads(via_handle.body) == via_http.json()
+    assert bad.status == 422 and "detail" in json.loads(bad.body)

@@ -89,7 +89,18 @@ class ModelServer:
         install_admission_limit(app, s.max_ongoing_requests, s.max_queued_requests, s.retry_after_s)  # innermost
         install_auth(app, self.api_keys)  # outside the queue: refused callers never wait for a slot
         install_metrics(app, self.predictor.name, self.version)  # last, so outermost: 401s are counted too
+        self.http_app = app
         return app
+
+    async def call_http(self, method: str, path: str, headers: list | None = None, body: bytes = b"",
+                        query: bytes = b""):
+        """The replica's own HTTP API, called through a deployment handle (the traffic router, the
+        Open Inference Protocol app): same validation, limits, auth, metrics and error bodies as a
+        request over HTTP. `path` is relative to the version's route ("/predict", "/metadata").
+        Returns a `rayline.serve.asgi_call.HttpResult`."""
+        from rayline.serve.asgi_call import call_asgi
+
+        return await call_asgi(self.http_app, method, path, headers=headers or (), body=body, query=query)
 
 
 # build_app args besides the serve spec's own keys (route is the application's route_prefix).
