@@ -31,6 +31,7 @@ __all__ = [
     "spec_json_schema",
     "run",
     "load_model",
+    "Client",
     "RaylineError",
     "SpecError",
     "DataError",
@@ -75,3 +76,12 @@ def load_model(name: str, version: str | None = None, *, workspace: str | None =
     registry = Registry(make_workspace(workspace, tracking_uri))
     mv = registry.resolve(name, version)
     return Predictor(registry.download(mv), version=mv.version)
+
+
+def __getattr__(name: str):
+    # Client imports httpx (~80 ms): loaded on first use, so `rayline --help` and `import rayline` stay fast.
+    if name == "Client":
+        from rayline.client import Client
+
+        return Client
+    raise AttributeError(f"module 'rayline' has no attribute {name!r}")
