@@ -426,6 +426,39 @@ class Registry:
                     out.append(self.resolve(n, mv.version))
         return out
 
+    # ------------------------------------------------------------ aliases (rollouts: champion, canary)
+
+    def alias_version(self, name: str, alias: str) -> str | None:
+        """The version `alias` points at on model `name`, or None when the alias is not set."""
+        from mlflow.exceptions import MlflowException
+
+        with self._guard(f"read alias {alias!r} of model {name!r}"):
+            try:
+                return str(self.client.get_model_version_by_alias(name, alias).version)
+            except MlflowException as exc:
+                if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                    raise
+                return None
+
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        with self._guard(f"set alias {alias!r} of model {name!r} to version {version}"):
+            self.client.set_registered_model_alias(name, alias, str(version))
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        """Remove `alias` from model `name`; nothing to do when it is not set."""
+        from mlflow.exceptions import MlflowException
+
+        with self._guard(f"delete alias {alias!r} of model {name!r}"):
+            try:
+                self.client.delete_registered_model_alias(name, alias)
+            except MlflowException as exc:
+                if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                    raise
+
+    def set_model_tag(self, name: str, key: str, value: str) -> None:
+        with self._guard(f"tag model {name!r}"):
+            self.client.set_registered_model_tag(name, key, value)
+
     # ------------------------------------------------------------ local copies of versions
 
     def cache_root(self) -> Path:

@@ -318,21 +318,31 @@ def run_pipeline(
 
     endpoint = None
     if deploy and spec.serve is not None:
-        from rayline.serve.app import deploy as deploy_app
+        from rayline.serve import versions
 
         t0 = time.monotonic()
+        created: list = []
+        canary = spec.serve.canary
         try:
             on_stage("deploy", "start", f"{spec.route} on {host}:{port}")
-            endpoint = deploy_app(spec, mv.version, ws, host, port)
+            # The winner becomes the champion (all of the route's traffic), or a canary beside it
+            # when the spec asks; its own route ROUTE/v/N answers either way (rayline/serve/versions.py).
+            rollout = versions.deploy(spec.name, mv.version, ws=ws, serve_spec=spec.serve.model_copy(update={"route": spec.route}),
+                                      canary_percent=canary.percent if canary else None,
+                                      gate=canary.gate() if canary else None, host=host, port=port, created=created)
+            endpoint = rollout.url
         except KeyboardInterrupt as exc:
-            deleted = _delete_app(spec.name)
+            deleted = [app for app in reversed(created) if _delete_app(app)]
             raise InterruptedRun(
                 f"interrupted while deploying: model {spec.name} version {mv.version} stays registered "
                 f"(MLflow run {run_id}); "
-                + (f"the half-deployed Serve app {spec.name!r} was deleted" if deleted else "no Serve app was started")
+                + (f"the half-deployed Serve app {spec.name!r} was deleted ({', '.join(deleted)})" if deleted
+                   else "no Serve app was started")
             ) from exc
         seconds["deploy"] = time.monotonic() - t0
-        on_stage("deploy", "done", endpoint)
+        role = (f"version {mv.version} canary ({canary.percent}%), version {rollout.champion} champion" if rollout.canary
+                else f"version {mv.version} champion")
+        on_stage("deploy", "done", f"{endpoint} ({role}; this version alone: {endpoint}/v/{mv.version})")
 
     return RunSummary(
         name=spec.name, version=mv.version, task=data.task, metric=metric,

@@ -39,7 +39,7 @@ def test_deprecated_replica_cpus_moves_to_resources_per_replica():
 def _deployment(args):
     from rayline.serve.app import build_app
 
-    app = build_app({"name": "digits", **args})
+    app = build_app({"name": "digits", "version": "1", **args})  # "latest" would be resolved in the registry
     return app._bound_deployment
 
 

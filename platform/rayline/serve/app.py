@@ -163,11 +163,24 @@ def build_app(args: dict[str, Any]):
         settings["debug_infer_delay_s"] = float(args["debug_infer_delay_s"])
     return ModelServer.options(**options).bind(
         args["name"],
-        str(args["version"]) if args.get("version") not in (None, "latest") else None,
+        _resolved_version(args),
         _workspace_arg(args.get("workspace")),
         args.get("tracking_uri"),
         settings,
     )
+
+
+def _resolved_version(args: dict) -> str:
+    """`version: latest` (or none) resolved here, once, where the application is built: every
+    replica of the deployment then loads the same version, even one started by a scale-up after
+    a newer version was registered (a replica resolving "latest" itself could serve another)."""
+    version = args.get("version")
+    if version not in (None, "latest"):
+        return str(version)
+    from rayline.registry import Registry
+    from rayline.workspace import workspace as make_workspace
+
+    return Registry(make_workspace(_workspace_arg(args.get("workspace")), args.get("tracking_uri"))).resolve(args["name"]).version
 
 
 def _workspace_arg(value):

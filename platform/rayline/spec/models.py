@@ -468,6 +468,22 @@ class BatchingSpec(_Strict):
         return {"enabled": v} if isinstance(v, bool) else v
 
 
+class CanarySpec(_Strict):
+    """Deploy the run's winner as a canary beside the champion, with an automatic rollback gate."""
+
+    percent: int = Field(10, ge=1, le=99, description="Percent of the route's traffic the canary gets (the champion the rest).")
+    max_error_rate: Optional[float] = Field(
+        None, ge=0, le=1, description="Canary error rate (5xx and failed calls; 4xx are the client's) above which traffic returns to the champion.")
+    max_p99_ms: Optional[float] = Field(None, gt=0, description="Canary p99 latency (ms, at the router) above which traffic returns to the champion.")
+    min_requests: int = Field(100, ge=1, description="Canary requests seen before the limits are checked.")
+
+    def gate(self) -> Optional[dict]:
+        """The router's gate limits, or None when no limit is set."""
+        if self.max_error_rate is None and self.max_p99_ms is None:
+            return None
+        return {"max_error_rate": self.max_error_rate, "max_p99_ms": self.max_p99_ms, "min_requests": self.min_requests}
+
+
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -512,6 +528,8 @@ class ServeSpec(_Strict):
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413 before parsing.")
     request_timeout_s: float = Field(60.0, gt=0, description="A request still unanswered after this long gets 504.")
     auth: Optional[AuthSpec] = Field(None, description="API keys required on every route but GET /health.")
+    canary: Optional[CanarySpec] = Field(
+        None, description="`rayline run` deploys the winner as a canary (percent of traffic, rollback limits) instead of the new champion.")
 
     @field_validator("route")
     @classmethod
