@@ -1,0 +1,192 @@
+"""Open Inference Protocol tensors <-> rows (rayline.serve.oip_codec), without Ray: JSON and
+binary tensors (encoded by tritonclient's own helpers where they exist), nulls, and the
+exact error messages."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from rayline.serve import oip_codec
+from rayline.serve.oip_codec import OipError, decode_request, encode_response, model_metadata, translate_detail
+
+FEATURES = [
+    {"name": "age", "type": "number", "nullable": True},
+    {"name": "visits", "type": "integer", "nullable": False},
+    {"name": "plan", "type": "string", "nullable": False, "categories": ["a", "b"]},
+    {"name": "active", "type": "boolean", "nullable": True},
+]
+
+
+def _request(*inputs, **extra):
+    return json.dumps({"inputs": list(inputs), **extra}).encode()
+
+
+def _t(name, datatype, data, shape=None):
+    return {"name": name, "datatype": datatype, "shape": shape or [len(data)], "data": data}
+
+
+def _binary(tensors):
+    """(header bytes, header length) of a binary request built like tritonclient does."""
+    header, raw = {"inputs": []}, []
+    for name, datatype, payload, n in tensors:
+        header["inputs"].append({"name": name, "datatype": datatype, "shape": [n, 1],
+                                 "parameters": {"binary_data_size": len(payload)}})
+        raw.append(payload)
+    text = json.dumps(header).encode()
+    return text + b"".join(raw), str(len(text))
+
+
+def test_json_tensors_become_positional_rows_in_feature_order():
+    body = _request(_t("plan", "BYTES", ["a", "b"]), _t("visits", "INT64", [[3], [4]], shape=[2, 1]),
+                    _t("age", "FP64", [41.5, None]), id="r1")
+    decoded = decode_request(body, None, FEATURES, "classification")
+    # active left out (nullable): null in every row; age's JSON null passes on as null
+    assert decoded.rows == [[41.5, 3, "a", None], [None, 4, "b", None]]
+    assert decoded.id == "r1" and decoded.outputs == ["predictions", "probabilities"]
+    assert decoded.binary == {"predictions": False, "probabilities": False}
+
+
+def test_binary_tensors_decode_like_tritonclient_encodes_them():
+    from tritonclient.utils import serialize_byte_tensor
+
+    plan = serialize_byte_tensor(np.array([b"a", "bé".encode()], dtype=np.object_)).item()
+    age = np.array([1.5, np.nan], dtype=np.float32).tobytes()  # NaN: a binary tensor's null
+    visits = np.array([7, 8], dtype=np.int32).tobytes()
+    active = np.array([True, False]).tobytes()
+    body, length = _binary([("age", "FP32", age, 2), ("visits", "INT32", visits, 2), ("plan", "BYTES", plan, 2),
+                            ("active", "BOOL", active, 2)])
+    decoded = decode_request(body, length, FEATURES, "regression")
+    assert decoded.rows == [[1.5, 7, "a", True], [None, 8, "bé", False]]
+    assert decoded.outputs == ["predictions"]
+
+
+def test_bf16_and_fp16_binary():
+    bf16 = (np.array([2.5, -1.0], dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    fp16 = np.array([0.5, 3.0], dtype=np.float16).tobytes()
+    features = [{"name": "x", "type": "number"}, {"name": "y", "type": "number"}]
+    body, length = _binary([("x", "BF16", bf16, 2), ("y", "FP16", fp16, 2)])
+    assert decode_request(body, length, features, "regression").rows == [[2.5, 0.5], [-1.0, 3.0]]
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ([_t("age", "FP64", [1.0])], "inputs: missing tensor for feature(s) visits, plan (allowed: leave out only "
+                                 "nullable features: age, active)"),
+    ([_t("visits", "BYTES", ["3"])], "input 'visits': datatype 'BYTES' does not fit a integer feature "
+                                     "(allowed: INT64, FP64, FP32, FP16, BF16, INT32"),
+    ([_t("plan", "FP32", [1.0])], "input 'plan': datatype 'FP32' does not fit a string feature (allowed: BYTES)"),
+    ([_t("colour", "BYTES", ["red"])], "input 'colour': not a feature of this model (allowed: age, visits, plan, active)"),
+    ([_t("visits", "INT64", [1, 2], shape=[1, 2])], "input 'visits': shape [1, 2] not allowed (allowed: [n] or [n, 1], one value per row)"),
+    ([_t("visits", "INT64", [1, 2], shape=[3])], "input 'visits': data has 2 values, shape [3] needs 3"),
+    ([_t("visits", "INT64", [1, 2]), _t("plan", "BYTES", ["a"])], "inputs: tensors have different numbers of rows (visits: 2, plan: 1"),
+    ([_t("visits", "INT64", [1.5])], "input 'visits'.data[0]: a number in a INT64 tensor (allowed: integers (or null))"),
+    ([_t("plan", "BYTES", [3])], "input 'plan'.data[0]: an integer in a BYTES tensor (allowed: strings (or null))"),
+    ([_t("visits", "INT64", [1]), _t("visits", "INT64", [2])], "input 'visits': given twice"),
+    ([_t("visits", "INT64", [])], "input 'visits': shape [0] has 0 rows (allowed: 1 to 10000)"),
+    ([{"name": "visits", "datatype": "INT64", "shape": [1]}], "input 'visits': no data (allowed: 'data', or "
+                                                              "parameters.binary_data_size with binary data)"),
+])
+def test_bad_tensors_name_the_input_and_what_is_allowed(inputs, message):
+    with pytest.raises(OipError) as err:
+        decode_request(_request(*inputs), None, FEATURES, "classification")
+    assert err.value.status == 400 and err.value.message.startswith(message), err.value.message
+
+
+@pytest.mark.parametrize("body, length, message", [
+    (b"{", None, "request body: not valid JSON"),
+    (b"[]", None, "request body: must be a JSON object with 'inputs' (got list)"),
+    (b'{"inputs": []}', None, "inputs: required, a non-empty list of tensors"),
+    (b'{"inputs": []}xx', "99", "Inference-Header-Content-Length: must be the JSON header's length in bytes (got '99'"),
+])
+def test_bad_bodies(body, length, message):
+    with pytest.raises(OipError) as err:
+        decode_request(body, length, FEATURES, "classification")
+    assert err.value.message.startswith(message), err.value.message
+
+
+def test_binary_sizes_must_add_up():
+    features = [{"name": "x", "type": "number"}]
+    body, length = _binary([("x", "FP32", b"\0" * 6, 2)])
+    with pytest.raises(OipError, match=r"input 'x': binary_data_size is 6 bytes; shape and datatype FP32 need 2 x 4 = 8"):
+        decode_request(body, length, features, "regression")
+    body, length = _binary([("x", "FP32", b"\0" * 8, 2)])
+    with pytest.raises(OipError, match="request body: 3 bytes of binary data belong to no input"):
+        decode_request(body + b"abc", length, features, "regression")
+    strings = [{"name": "s", "type": "string"}]
+    body, length = _binary([("s", "BYTES", struct.pack("<I", 9) + b"ab", 1)])
+    with pytest.raises(OipError, match="input 's': binary BYTES element 0 says 9 bytes, 2 remain"):
+        decode_request(body, length, strings, "regression")
+
+
+def test_requested_outputs_and_binary_choice():
+    inputs = [_t("visits", "INT64", [1]), _t("plan", "BYTES", ["a"])]
+    decoded = decode_request(_request(*inputs, outputs=[{"name": "probabilities", "parameters": {"binary_data": True}}]),
+                             None, FEATURES, "classification")
+    assert decoded.outputs == ["probabilities"] and decoded.binary == {"probabilities": True}
+    decoded = decode_request(_request(*inputs, parameters={"binary_data_output": True}), None, FEATURES, "classification")
+    assert decoded.binary == {"predictions": True, "probabilities": True}
+    with pytest.raises(OipError, match=r"outputs\[0\]: unknown output 'probabilities' \(allowed: predictions\)"):
+        decode_request(_request(*inputs, outputs=[{"name": "probabilities"}]), None, FEATURES, "regression")
+    with pytest.raises(OipError, match=r"outputs\[0\].parameters.classification: not supported"):
+        decode_request(_request(*inputs, outputs=[{"name": "predictions", "parameters": {"classification": 2}}]),
+                       None, FEATURES, "classification")
+
+
+META = {"name": "churn", "version": "3", "framework": "xgboost", "task": "classification", "labels": ["no", "yes"],
+        "features": FEATURES}
+
+
+def test_response_json_and_binary_read_back_by_tritonclient():
+    from tritonclient.http import InferResult
+
+    predict = {"predictions": ["yes", "no"], "probabilities": [{"no": 0.25, "yes": 0.75}, {"no": 0.9, "yes": 0.1}],
+               "version": "3"}
+    decoded = decode_request(_request(_t("visits", "INT64", [1, 2]), _t("plan", "BYTES", ["a", "b"]), id="q",
+                                      outputs=[{"name": "predictions"},
+                                               {"name": "probabilities", "parameters": {"binary_data": True}}]),
+                             None, FEATURES, "classification")
+    body, length = encode_response("churn", "3", decoded, predict, META)
+    result = InferResult.from_response_body(body, header_length=length)
+    assert result.as_numpy("predictions").tolist() == ["yes", "no"]  # JSON BYTES come back as str
+    assert result.as_numpy("probabilities").tolist() == [[0.25, 0.75], [0.9, 0.1]]
+    response = result.get_response()
+    assert response["id"] == "q" and response["model_name"] == "churn" and response["model_version"] == "3"
+    assert response["outputs"][0] == {"name": "predictions", "datatype": "BYTES", "shape": [2], "data": ["yes", "no"]}
+    assert response["outputs"][1]["parameters"] == {"binary_data_size": 32}
+
+    decoded.binary = {"predictions": True, "probabilities": False}
+    body, length = encode_response("churn", "3", decoded, predict, META)
+    assert InferResult.from_response_body(body, header_length=length).as_numpy("predictions").tolist() == [b"yes", b"no"]
+    decoded.binary = {}
+    body, length = encode_response("churn", "3", decoded, predict, META)
+    assert length is None and json.loads(body)["outputs"][1]["data"] == [0.25, 0.75, 0.9, 0.1]
+
+
+def test_model_metadata_lists_features_and_outputs():
+    assert model_metadata(META, ["3", "4"]) == {
+        "name": "churn", "versions": ["3", "4"], "platform": "rayline-xgboost",
+        "inputs": [{"name": "age", "datatype": "FP64", "shape": [-1], "parameters": {"nullable": True}},
+                   {"name": "visits", "datatype": "INT64", "shape": [-1]},
+                   {"name": "plan", "datatype": "BYTES", "shape": [-1]},
+                   {"name": "active", "datatype": "BOOL", "shape": [-1], "parameters": {"nullable": True}}],
+        "outputs": [{"name": "predictions", "datatype": "BYTES", "shape": [-1]},
+                    {"name": "probabilities", "datatype": "FP64", "shape": [-1, 2]}],
+    }
+    regression = {**META, "task": "regression", "labels": None}
+    assert model_metadata(regression, ["1"])["outputs"] == [{"name": "predictions", "datatype": "FP64", "shape": [-1]}]
+    assert oip_codec.label_datatype("classification", [0, 1, 2]) == "INT64"
+    assert oip_codec.label_datatype("classification", [True, False]) == "BOOL"
+
+
+def test_predict_errors_become_one_message_naming_tensor_and_row():
+    detail = [{"loc": ["body", "instances", 3, "age"], "msg": "Input should be a valid number", "type": "float_type"},
+              {"loc": ["body", "instances"], "msg": "instances[0]: plan: unseen category 'c'", "type": "value_error"}]
+    assert translate_detail(detail) == ("input 'age' row 3: Input should be a valid number; "
+                                        "inputs: instances[0]: plan: unseen category 'c'")
+    assert translate_detail("missing API key") == "missing API key"
+
+
+def test_all_is_complete():
+    public = {n for n in dir(oip_codec) if not n.startswith("_") and getattr(getattr(oip_codec, n), "__module__", "") == oip_codec.__name__}
+    assert public - {"annotations"} <= set(oip_codec.__all__)
