@@ -27,12 +27,16 @@ import yaml
 from rayline.data.preprocess import FittedPreprocessing
 from rayline.errors import DataError, PredictionError
 
-__all__ = ["Predictor", "write_artifact", "WEIGHTS_DIR", "META_FILE", "PREPROCESSING_FILE"]
+__all__ = ["Predictor", "write_artifact", "artifact_root", "WEIGHTS_DIR", "META_FILE", "PREPROCESSING_FILE",
+           "PYFUNC_ARTIFACT"]
 
 WEIGHTS_DIR = "weights"
 META_FILE = "rayline.json"
 PREPROCESSING_FILE = "preprocessing.json"
 SPEC_FILE = "spec.yaml"
+# A registered version is an MLflow pyfunc model (rayline/pyfunc.py): its MLmodel names these
+# files as the pyfunc artifact `rayline`, which MLflow copies under `artifacts/`.
+PYFUNC_ARTIFACT = "rayline"
 
 
 def write_artifact(dest: str, *, checkpoint_dir: str, preprocessing: FittedPreprocessing, spec, metrics: dict,
@@ -66,12 +70,37 @@ def write_artifact(dest: str, *, checkpoint_dir: str, preprocessing: FittedPrepr
     return dest
 
 
+def artifact_root(path: str) -> str:
+    """The directory holding rayline's files (rayline.json, weights/, ...) in a model of either layout.
+
+    Versions registered before rayline wrote MLflow pyfunc models hold them at the root of the
+    logged `model/` (the layout of write_artifact); a pyfunc model holds them where its
+    MLmodel's python_function flavor says (`artifacts/<dir>`). Every reader (load_model,
+    Serve replicas, batch scoring) goes through Predictor, which calls this.
+    """
+    if os.path.isfile(os.path.join(path, META_FILE)):
+        return path
+    mlmodel = os.path.join(path, "MLmodel")
+    relative = None
+    if os.path.isfile(mlmodel):
+        with open(mlmodel) as fh:
+            conf = yaml.safe_load(fh) or {}
+        pyfunc = (conf.get("flavors") or {}).get("python_function") or {}
+        relative = ((pyfunc.get("artifacts") or {}).get(PYFUNC_ARTIFACT) or {}).get("path")
+        if relative and os.path.isfile(os.path.join(path, relative, META_FILE)):
+            return os.path.join(path, relative)
+    found = f"an MLmodel whose artifact {PYFUNC_ARTIFACT!r} is {relative!r}" if os.path.isfile(mlmodel) else "no MLmodel"
+    raise DataError(f"{path}: not a rayline model (no {META_FILE}; {found}; "
+                    f"allowed: a model registered by rayline, old layout or MLflow pyfunc)")
+
+
 class Predictor:
     """Raw rows in, predictions in the original label space out."""
 
     def __init__(self, model_dir: str, version: str | None = None):
         from rayline.train.catalog import load_backend
 
+        model_dir = artifact_root(model_dir)
         self.model_dir = model_dir
         with open(os.path.join(model_dir, META_FILE)) as fh:
             self.meta: dict[str, Any] = json.load(fh)

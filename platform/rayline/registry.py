@@ -343,13 +343,16 @@ class Registry:
 
     # ------------------------------------------------------------ registry
 
-    def register(self, run_id: str, name: str, artifact_dir: str, metrics: dict, tags: dict) -> ModelVersion:
-        """Log the artifact under the pipeline run and register it as a new version of `name`."""
+    def register(self, run_id: str, name: str, artifact_dir: str, metrics: dict, tags: dict,
+                 input_example=None) -> ModelVersion:
+        """Log the artifact under the pipeline run as an MLflow pyfunc model and register it as a
+        new version of `name`. `input_example`: raw rows (a DataFrame, e.g. the test split) whose
+        first rows become the pyfunc model's input example."""
         from mlflow.exceptions import MlflowException
 
         with self._guard(f"register model {name!r}"):
             self._log(run_id, metrics=[(k, v, 0) for k, v in metrics.items()])
-            self.client.log_artifacts(run_id, artifact_dir, artifact_path="model")
+            self._log_model(run_id, artifact_dir, input_example)
             try:
                 self.client.create_registered_model(name, description="Registered by rayline.")
             except MlflowException as exc:
@@ -360,6 +363,27 @@ class Registry:
                             tags={k: str(v) for k, v in tags.items()})
             self.client.set_terminated(run_id, status="FINISHED")
         return ModelVersion(name=name, version=str(mv.version), run_id=run_id, source=source, metrics=metrics)
+
+    def _log_model(self, run_id: str, artifact_dir: str, input_example) -> None:
+        """The run's `model/`: the MLflow pyfunc model of a rayline artifact (rayline/pyfunc.py),
+        built in the workspace's tmp and logged whole, so a failure logs nothing. Measured on a
+        2-core machine: +0.03 s for digits (64 features), +0.3 s the first time in a process
+        (MLflow's pyfunc modules load). A directory that is not a rayline artifact (no
+        preprocessing.json: stand-ins in tests) is logged as it is."""
+        from rayline.model import META_FILE, PREPROCESSING_FILE
+
+        if not all(os.path.isfile(os.path.join(artifact_dir, f)) for f in (META_FILE, PREPROCESSING_FILE)):
+            self.client.log_artifacts(run_id, artifact_dir, artifact_path="model")
+            return
+        from rayline.pyfunc import package
+
+        staging = self.ws.temp_dir("pyfunc")
+        try:
+            model_dir = package(artifact_dir, os.path.join(staging, "model"), run_id=run_id, artifact_path="model",
+                                input_example=input_example)
+            self.client.log_artifacts(run_id, model_dir, artifact_path="model")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def fail_run(self, run_id: str, status: str = "FAILED") -> None:
         try:

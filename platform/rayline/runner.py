@@ -297,6 +297,7 @@ def run_pipeline(
                          **{f"test_{k}": v for k, v in test_metrics.items()}},
                 tags={"framework": spec.model.framework, "task": data.task, "metric": metric,
                       f"valid_{metric}": winner.metrics[metric], "data_fingerprint": data.fingerprint},
+                input_example=data.test_frame,
             )
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,227 @@
+"""Every registered version as a real MLflow pyfunc model (models-from-code).
+
+`package` turns a rayline artifact (model.write_artifact: weights/, preprocessing.json,
+rayline.json, spec.yaml) into an MLflow pyfunc model directory:
+
+    MLmodel                 python_function flavor, loader: MLflow's code-model loader
+    pyfunc_model.py         the model code (a copy of rayline/pyfunc_model.py): imports
+                            rayline and calls mlflow.models.set_model(...)
+    artifacts/rayline/      the rayline artifact itself, as `artifacts={"rayline": ...}`
+    requirements.txt, python_env.yaml, conda.yaml, input_example.json, serving_input_example.json
+
+Nothing of rayline is pickled: loading runs the code file, whose `load_context` builds
+rayline's own `Predictor` from `artifacts/rayline`, so offline, pyfunc and served
+predictions are the same code on the same files. The model needs rayline installed where it
+loads (`mlflow models serve --env-manager local`, or an environment with rayline).
+
+Signature (from the fitted preprocessing's features): numeric features are `double`,
+boolean ones `boolean`, string/categorical ones `string`; a feature an impute step fills is
+optional (`required: false`) and may hold nulls. Output: a DataFrame with `prediction` (the
+original label, exactly the endpoint's "predictions") and, for classification, one
+`probability_<label>` column per class (the endpoint's "probabilities" values).
+
+mlflow is imported inside the functions: `rayline.Client` and the CLI read the column names
+from here without paying MLflow's ~1.2 s import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rayline.errors import DataError
+
+__all__ = [
+    "PREDICTION_COLUMN",
+    "PROBABILITY_PREFIX",
+    "MODEL_CODE",
+    "probability_column",
+    "output_columns",
+    "predict_frame",
+    "model_signature",
+    "example_frame",
+    "package",
+    "is_pyfunc",
+]
+
+PREDICTION_COLUMN = "prediction"
+PROBABILITY_PREFIX = "probability_"
+# The models-from-code file MLflow copies into every model and runs when loading it.
+MODEL_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyfunc_model.py")
+EXAMPLE_ROWS = 3
+_ALLOWED = {"double": "a number", "boolean": "true or false", "string": "a string"}
+
+
+def probability_column(label: Any) -> str:
+    """`probability_<label>`: the label as the endpoint's "probabilities" keys spell it (str(label))."""
+    return f"{PROBABILITY_PREFIX}{label}"
+
+
+def output_columns(preprocessing) -> list[str]:
+    """The output DataFrame's columns, in order."""
+    if preprocessing.label.task != "classification":
+        return [PREDICTION_COLUMN]
+    return [PREDICTION_COLUMN] + [probability_column(c) for c in preprocessing.label.classes or []]
+
+
+def _input_frame(preprocessing, frame: pd.DataFrame) -> pd.DataFrame:
+    """The feature columns of `frame`, missing optional ones as nulls, missing values as None
+    in non-numeric columns (pandas spells them NaN, None or pd.NA; the compiled transform
+    takes None and NaN)."""
+    missing = [f.name for f in preprocessing.features if f.name not in frame.columns and not f.nullable]
+    if missing:
+        allowed = [f.name for f in preprocessing.features]
+        raise DataError(f"input: missing feature columns {missing} (got columns {list(frame.columns)}; "
+                        f"allowed: {allowed}, the imputed ones optional)")
+    out = {}
+    for f in preprocessing.features:
+        column = frame[f.name] if f.name in frame.columns else pd.Series([None] * len(frame), index=frame.index, dtype=object)
+        nulls = column.isna().to_numpy()
+        if not f.nullable and nulls.any():  # the endpoint's schema rejects these before the model (422)
+            row = int(np.flatnonzero(nulls)[0])
+            raise DataError(f"input[{row}].{f.name}: missing, and no impute step fills this feature "
+                            f"(got null; allowed: {_ALLOWED[_feature_type(f)]})")
+        if f.kind in ("integer", "number") and f.categories is None:
+            out[f.name] = column
+        else:
+            values = column.to_numpy(dtype=object, copy=True)
+            values[nulls] = None
+            out[f.name] = pd.Series(values, index=frame.index, dtype=object)  # not pandas 3's inferred str (None -> NaN)
+    return pd.DataFrame(out, index=frame.index)
+
+
+def predict_frame(predictor, frame: pd.DataFrame) -> pd.DataFrame:
+    """Raw rows -> the output DataFrame (see module doc), by the Predictor the endpoint runs.
+
+    Predictions and probabilities are the float64 values `Predictor.respond` gives the
+    endpoint, so the pyfunc model and /predict answer the same numbers for the same rows."""
+    preprocessing = predictor.preprocessing
+    outputs = predictor.infer(preprocessing.transform(_input_frame(preprocessing, frame)))
+    result = predictor.respond(outputs, probabilities=False)
+    out = pd.DataFrame({PREDICTION_COLUMN: result["predictions"]})
+    if predictor.task == "classification":
+        probabilities = np.asarray(outputs, dtype=np.float64).reshape(len(out), -1)
+        for i, label in enumerate(preprocessing.label.classes or []):
+            out[probability_column(label)] = probabilities[:, i]
+    return out
+
+
+# ---------------------------------------------------------------- signature and example
+
+
+def _feature_type(feature) -> str:
+    if feature.kind == "boolean" and feature.categories is None:
+        return "boolean"
+    if feature.kind in ("integer", "number"):
+        return "double"  # JSON numbers; an integer-valued category matches 1 and 1.0 alike (steps.value_key)
+    return "string"
+
+
+def _label_type(preprocessing) -> str:
+    if preprocessing.label.task != "classification":
+        return "double"
+    classes = preprocessing.label.classes or []
+    if classes and all(isinstance(c, bool) for c in classes):
+        return "boolean"
+    if classes and all(isinstance(c, int) and not isinstance(c, bool) for c in classes):
+        return "long"
+    if classes and all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in classes):
+        return "double"
+    return "string"
+
+
+def model_signature(preprocessing):
+    """The MLflow ModelSignature of a model with this fitted preprocessing."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    inputs = Schema([ColSpec(_feature_type(f), f.name, required=not f.nullable) for f in preprocessing.features])
+    columns = output_columns(preprocessing)
+    outputs = Schema([ColSpec(_label_type(preprocessing), columns[0])] + [ColSpec("double", c) for c in columns[1:]])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def example_frame(preprocessing, frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A few input rows for MLflow's input example: the first rows of `frame` (real data, e.g.
+    the test split) when given, else one row built from the schema (a seen category, 0.0)."""
+    names = [f.name for f in preprocessing.features]
+    if frame is not None and len(frame) and all(n in frame.columns for n in names):
+        rows = _input_frame(preprocessing, frame[names].head(EXAMPLE_ROWS).reset_index(drop=True))
+        for f in preprocessing.features:  # whole-number floats stay floats: the signature says double
+            if _feature_type(f) == "double":
+                rows[f.name] = rows[f.name].astype(np.float64)
+        return rows
+    row: dict[str, Any] = {}
+    for f in preprocessing.features:
+        if f.categories:
+            value = f.categories[0]
+            row[f.name] = float(value) if _feature_type(f) == "double" else value if _feature_type(f) == "boolean" else str(value)
+        else:
+            row[f.name] = {"double": 0.0, "boolean": False, "string": ""}[_feature_type(f)]
+    return pd.DataFrame([row], columns=names)
+
+
+# ---------------------------------------------------------------- packaging
+
+
+def is_pyfunc(path: str) -> bool:
+    """Whether the model directory `path` is an MLflow pyfunc model (has an MLmodel file)."""
+    return os.path.isfile(os.path.join(path, "MLmodel"))
+
+
+def _requirements(meta: dict) -> list[str]:
+    """requirements.txt: rayline, MLflow and the framework at the versions that wrote the model.
+
+    Given explicitly, so MLflow does not infer them: its inference loads the model in a
+    subprocess to watch its imports (seconds, and it would import torch/TensorFlow again)."""
+    import mlflow
+
+    versions = dict(meta.get("versions") or {})
+    pins = [f"rayline=={versions.pop('rayline')}"] if versions.get("rayline") else ["rayline"]
+    pins.append(f"mlflow=={mlflow.__version__}")
+    names = {"tf_keras": "tf-keras"}
+    pins += [f"{names.get(k, k)}=={v}" for k, v in sorted(versions.items()) if v]
+    return pins
+
+
+def package(artifact_dir: str, dest: str, *, run_id: str | None = None, artifact_path: str = "model",
+            input_example: pd.DataFrame | None = None) -> str:
+    """Write the pyfunc model of the rayline artifact `artifact_dir` to the new directory `dest`.
+
+    `artifact_dir` is copied (MLflow copies `artifacts=` into the model), so it is left as is.
+    Raises MlflowException/OSError as MLflow does: callers map them (Registry._guard)."""
+    import mlflow.pyfunc
+    from mlflow.models import Model
+
+    from rayline.data.preprocess import FittedPreprocessing
+    from rayline.model import META_FILE, PREPROCESSING_FILE, PYFUNC_ARTIFACT
+
+    with open(os.path.join(artifact_dir, META_FILE)) as fh:
+        meta = json.load(fh)
+    preprocessing = FittedPreprocessing.load(os.path.join(artifact_dir, PREPROCESSING_FILE))
+    # MLflow names the copy after the source directory (artifacts/<basename>): stage the
+    # artifact as `rayline` so the layout reads artifacts/rayline whatever the caller's name.
+    staging = dest + ".src"
+    source = os.path.join(staging, PYFUNC_ARTIFACT)
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        shutil.copytree(artifact_dir, source)
+        mlflow.pyfunc.save_model(
+            dest,
+            python_model=MODEL_CODE,
+            artifacts={PYFUNC_ARTIFACT: source},
+            signature=model_signature(preprocessing),
+            input_example=example_frame(preprocessing, input_example),
+            pip_requirements=_requirements(meta),
+            mlflow_model=Model(run_id=run_id, artifact_path=artifact_path),
+            metadata={"rayline": {k: meta.get(k) for k in ("name", "framework", "task", "metric")}},
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
