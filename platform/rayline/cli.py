@@ -220,24 +220,54 @@ def _example_instance(spec) -> dict:
 
 @app.command()
 def predict(
-    target: str = typer.Argument(..., metavar="ROUTE_OR_URL", help="/route on this machine's Serve, or a full URL."),
+    target: str = typer.Argument(..., metavar="ROUTE_OR_URL_OR_NAME", help="A /route on this machine's Serve or an "
+                                 "http(s):// URL: query the served model online. A registered model NAME (no leading "
+                                 "/): score --input offline with Ray Data into --output FILE.parquet."),
     json_body: Optional[str] = typer.Option(None, "--json", help='Instances as JSON: \'{"instances": [...]}\' or a list of rows.'),
     input_file: Optional[Path] = typer.Option(None, "--input", help="Rows from a file in any format training reads: .csv, .parquet/.pq, "
-                                              ".json (an array of rows, or JSON Lines), .jsonl/.ndjson."),
+                                              ".json (an array of rows, or JSON Lines), .jsonl/.ndjson; offline also a "
+                                              "directory of such files."),
     probabilities: bool = typer.Option(False, "--probabilities", help="Also return class probabilities."),
-    output: str = typer.Option("table", "--output", "-o", help="table | json"),
+    output: str = typer.Option("table", "--output", "-o", help="table | json: print the answer; any other value is a file "
+                               "to write the predictions to (online: .parquet, .csv, .json/.jsonl; offline: .parquet)."),
+    version: Optional[str] = typer.Option(None, "--version", help="With a NAME: the registered version (default: newest). "
+                                          "With a route or URL: ask that deployed version (ROUTE/v/N)."),
+    keep: Optional[List[str]] = typer.Option(None, "--keep", help="Input column copied into an output file, e.g. an id "
+                                             "(repeat for several; default: every input column)."),
+    workspace: Optional[Path] = WorkspaceOpt,
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RAYLINE_API_KEY", show_envvar=True,
+                                          help="API key of a model served with serve.auth (sent as a Bearer token)."),
     host: str = typer.Option("127.0.0.1", help="Serve host when ROUTE_OR_URL is a route."),
     port: int = typer.Option(8000, help="Serve port when ROUTE_OR_URL is a route."),
-    timeout: float = typer.Option(60.0, help="Seconds to wait for the endpoint."),
+    timeout: float = typer.Option(60.0, help="Seconds to wait for each request to the endpoint."),
+    retries: int = typer.Option(3, "--retries", min=0, help="Retries on 429 (after Retry-After), 502, 503, 504 and "
+                                "connection failures, with exponential backoff and jitter."),
 ) -> None:
-    """Send rows to a served model and show its predictions."""
-    from rayline.serve.client import load_instances, post_predict, prediction_rows
+    """Predictions from a served model (ROUTE or URL), or offline batch scoring of a dataset (NAME).
 
-    if output not in ("table", "json"):
-        raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json)")
+    Online, with a /route or URL: `rayline predict /digits --input rows.csv` prints a table; `-o json` prints the answer; `-o out.parquet` writes a file.
+
+    Offline, with a registered model NAME: `rayline predict digits --input data.parquet --output scores.parquet` scores every row with Ray Data in bounded memory, rows in input order.
+    """
+    online = target.startswith(("/", "http://", "https://"))
+    to_file = output not in ("table", "json")
+    if not online:
+        _score_offline(target, json_body, input_file, output, to_file, version, keep, workspace, probabilities)
+        return
+    from rayline.client import Client
+    from rayline.serve.client import load_instances, prediction_rows
+
     instances = load_instances(json_body, input_file)
-    url = target if target.startswith(("http://", "https://")) else f"http://{host}:{port}{target if target.startswith('/') else '/' + target}"
-    result = post_predict(url, instances, probabilities, timeout)
+    url = target if target.startswith(("http://", "https://")) else f"http://{host}:{port}{target}"
+    url = url.rstrip("/")
+    url = url[: -len("/predict")] if url.endswith("/predict") else url
+    if version is not None:
+        url = f"{url}/v/{version}"
+    if to_file:
+        _write_online(url, api_key, timeout, retries, instances, probabilities, keep, Path(output))
+        return
+    with Client(url, api_key=api_key, timeout=timeout, max_retries=retries) as client:
+        result = client.predict_raw(instances, probabilities)
     if output == "json":
         print(json.dumps(result, indent=2))
         return
@@ -250,6 +280,91 @@ def predict(
     for row in rows:
         table.add_row(*(row if with_probabilities else row[:2]))
     console.print(table)
+
+
+def _write_online(url, api_key, timeout, retries, instances, probabilities, keep, path: Path) -> None:
+    """The served model's predictions for `instances` (beside the kept input columns) written to `path`."""
+    import pandas as pd
+
+    from rayline.client import Client
+
+    writers = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
+    kind = writers.get(path.suffix.lower())
+    if kind is None:
+        raise RaylineError(f"--output: unknown format (got {path.name!r}; allowed: table, json, or a file ending in "
+                           f"{', '.join(writers)})")
+    if not path.parent.is_dir():
+        raise RaylineError(f"--output: no such directory {str(path.parent)!r} (got {str(path)!r})")
+    inputs = pd.DataFrame(instances)
+    absent = [k for k in (keep or []) if k not in inputs.columns]
+    if absent:
+        raise RaylineError(f"--keep: no such input column {', '.join(map(repr, absent))} "
+                           f"(allowed: {', '.join(map(str, inputs.columns[:20]))})")
+    with Client(url, api_key=api_key, timeout=timeout, max_retries=retries) as client:
+        predicted = client.predict(instances, probabilities)
+        answered = client.version
+    kept = inputs[list(dict.fromkeys(keep))] if keep else inputs.drop(columns=[c for c in predicted.columns if c in inputs.columns])
+    frame = pd.concat([kept.reset_index(drop=True), predicted.reset_index(drop=True)], axis=1)
+    tmp = path.parent / f".{path.name}.partial-{os.getpid()}"
+    try:
+        if kind == "parquet":
+            frame.to_parquet(tmp, index=False)
+        elif kind == "csv":
+            frame.to_csv(tmp, index=False)
+        else:
+            frame.to_json(tmp, orient="records", lines=True)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    console.print(f"wrote {len(frame):,} predictions to {path} (version {answered or '?'} answered)")
+
+
+def _score_offline(name, json_body, input_file, output, to_file, version, keep, workspace, probabilities) -> None:
+    """`rayline predict NAME --input DATA --output FILE.parquet`: batch scoring (rayline/batch.py)."""
+    if json_body is not None or input_file is None or not to_file:
+        got = "--json" if json_body is not None else "no --input" if input_file is None else f"--output {output}"
+        raise RaylineError(f"{name}: a registered model name scores a dataset offline: give --input DATA and "
+                           f"--output FILE.parquet (got {got}); to query the served model, give its route "
+                           f"/{name} or a URL")
+    from rayline.batch import score
+
+    with _progress_reporter() as report:
+        result = score(name, str(input_file), output, version=version, workspace=_ws(workspace),
+                       probabilities=probabilities, keep=keep, progress=report)
+    console.print(f"wrote {result.rows:,} rows to {result.output} (model {result.model} v{result.version}; "
+                  f"{result.seconds:.1f} s, {result.rows_per_s:,.0f} rows/s)")
+
+
+class _progress_reporter:
+    """A rich progress bar on a terminal; otherwise a plain line at most every 5 s (logs, CI)."""
+
+    def __enter__(self):
+        self.bar = None
+        self.task = None
+        self.last = 0.0
+        if err_console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+                                TimeElapsedColumn(), console=err_console, transient=True)
+            self.bar.start()
+        return self
+
+    def __call__(self, rows: int, total) -> None:
+        if self.bar is not None:
+            if self.task is None:
+                self.task = self.bar.add_task("scoring", total=total)
+            self.bar.update(self.task, completed=rows, total=total)
+            return
+        now = time.monotonic()
+        if now - self.last >= 5.0 or (total and rows >= total):
+            self.last = now
+            of = f" of {total:,}" if total else ""
+            err_console.print(f"scored {rows:,}{of} rows")
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
 
 
 @app.command()
@@ -345,7 +460,7 @@ def serve_status(
     ws = _ws(workspace)
     conn = connect_existing(ws, address)
     try:
-        report = gather_status(name)
+        report = gather_status(name, ws=ws)
     finally:
         conn.shutdown()
     if output == "json":
@@ -366,8 +481,143 @@ def serve_status(
                       f"{a.replicas_running}/{bounds}", "-" if a.requests is None else str(a.requests),
                       "-" if a.errors is None else str(a.errors))
     console.print(table)
+    for a in report.applications:
+        if a.rollout is not None:
+            console.print(_rollout_line(a.name, a.rollout))
     if report.metrics_note:
         console.print(styled((report.metrics_note, "yellow")))
+
+
+def _rollout_line(name: str, rollout: dict) -> str:
+    """One line per routed model: the split, the canary's gate, or the gate's rollback."""
+    weights = rollout.get("weights") or {}
+    parts = [f"version {v} {'champion' if v == rollout.get('champion') else 'canary' if v == rollout.get('canary') else ''} "
+             f"{w}%".replace("  ", " ") for v, w in weights.items()]
+    line = f"{name}: " + ", ".join(parts)
+    if rollout.get("canary") and rollout.get("gate"):
+        line += "; gate " + ", ".join(f"{k} {v:g}" for k, v in rollout["gate"].items() if v is not None)
+    gone = rollout.get("rolled_back")
+    if gone:
+        line += (f"; canary version {gone['version']} rolled back automatically at {gone['at']}: "
+                 f"{gone['limit']} ({gone['detail']})")
+    return line
+
+
+ServeAddressOpt = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS, a head from "
+                                "`rayline cluster up`, else the Ray running on this machine).")
+
+
+def _rollout(workspace: Optional[Path], address: Optional[str], action) -> None:
+    """Connect the way `serve status` does, run one rollout action, print its one line."""
+    from rayline.serve.status import connect_existing
+
+    ws = _ws(workspace)
+    conn = connect_existing(ws, address)
+    try:
+        message = action(ws)
+    finally:
+        conn.shutdown()
+    console.print(message)
+
+
+@serve_app.command("deploy")
+def serve_deploy(
+    name: str = typer.Argument(..., help="Registered model name."),
+    version: str = typer.Option(..., "--version", help="Registered version to deploy."),
+    canary: Optional[int] = typer.Option(None, "--canary", metavar="PERCENT", help="Send PERCENT (1-99) of the route's "
+                                         "traffic to this version and the rest to the champion (default: it becomes the champion)."),
+    max_error_rate: Optional[float] = typer.Option(None, "--max-error-rate", help="With --canary: roll back when the "
+                                                   "canary's error rate (5xx) goes above this (0-1)."),
+    max_p99_ms: Optional[float] = typer.Option(None, "--max-p99-ms", help="With --canary: roll back when the canary's p99 "
+                                               "latency goes above this many milliseconds."),
+    min_requests: Optional[int] = typer.Option(None, "--min-requests", help="With a limit: canary requests seen before "
+                                               "the limits are checked (default 100)."),
+    address: Optional[str] = ServeAddressOpt,
+    workspace: Optional[Path] = WorkspaceOpt,
+    host: str = typer.Option("127.0.0.1", help="HTTP host for Ray Serve, if it is not running yet."),
+    port: int = typer.Option(8000, help="HTTP port for Ray Serve, if it is not running yet."),
+) -> None:
+    """Deploy a registered version: the new champion, or a canary beside it (--canary PERCENT)."""
+    from pydantic import ValidationError
+
+    from rayline.serve import versions
+    from rayline.spec.models import CanarySpec
+
+    limits = {"max_error_rate": max_error_rate, "max_p99_ms": max_p99_ms, "min_requests": min_requests}
+    given = [f"--{k.replace('_', '-')}" for k, v in limits.items() if v is not None]
+    if given and canary is None:
+        raise RaylineError(f"{given[0]}: only with --canary (got {' '.join(given)} without --canary; allowed: "
+                           f"--canary PERCENT {' '.join(given)})")
+    gate = None
+    if canary is not None:
+        versions._percent(canary)
+        try:
+            spec = CanarySpec.model_validate({"percent": canary, **{k: v for k, v in limits.items() if v is not None}})
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            field = str(error["loc"][0]).replace("_", "-")
+            raise RaylineError(f"--{field}: {error['msg']} (got {error.get('input')})") from exc
+        if min_requests is not None and spec.gate() is None:
+            raise RaylineError(f"--min-requests: only with --max-error-rate or --max-p99-ms (got --min-requests {min_requests})")
+        gate = spec.gate()
+    _rollout(workspace, address, lambda ws: versions.deploy(name, version, ws=ws, canary_percent=canary, gate=gate,
+                                                            host=host, port=port).message)
+
+
+@serve_app.command("promote")
+def serve_promote(name: str = typer.Argument(..., help="Registered model name."),
+                  address: Optional[str] = ServeAddressOpt, workspace: Optional[Path] = WorkspaceOpt) -> None:
+    """Make the live canary the champion (all traffic)."""
+    from rayline.serve import versions
+
+    _rollout(workspace, address, lambda ws: versions.promote(name, ws=ws).message)
+
+
+@serve_app.command("rollback")
+def serve_rollback(name: str = typer.Argument(..., help="Registered model name."),
+                   address: Optional[str] = ServeAddressOpt, workspace: Optional[Path] = WorkspaceOpt) -> None:
+    """All traffic back to the champion (a live canary), else to the previous champion."""
+    from rayline.serve import versions
+
+    _rollout(workspace, address, lambda ws: versions.rollback(name, ws=ws).message)
+
+
+@serve_app.command("remove")
+def serve_remove(name: str = typer.Argument(..., help="Registered model name."),
+                 version: str = typer.Option(..., "--version", help="Deployed version to retire."),
+                 address: Optional[str] = ServeAddressOpt, workspace: Optional[Path] = WorkspaceOpt) -> None:
+    """Delete a deployed version's application (refused for the champion and a live canary)."""
+    from rayline.serve import versions
+
+    _rollout(workspace, address, lambda ws: versions.remove(name, version, ws=ws))
+
+
+@serve_app.command("export")
+def serve_export(name: str = typer.Argument(..., help="Registered model name."),
+                 version: Optional[str] = typer.Option(None, "--version", help="Version to serve (default: the "
+                                                       "champion alias, else the newest)."),
+                 output: Optional[str] = typer.Option(None, "--output", "-o", help="File to write (default: print it)."),
+                 cluster_workspace: Optional[str] = typer.Option(None, "--cluster-workspace", help="The workspace "
+                                                                 "path as the cluster's nodes see it (default: this "
+                                                                 "workspace's absolute path)."),
+                 host: str = typer.Option("127.0.0.1", help="Serve's HTTP host in the config (0.0.0.0 on Kubernetes)."),
+                 port: int = typer.Option(8000, help="Serve's HTTP port in the config."),
+                 no_v2: bool = typer.Option(False, "--no-v2", help="Leave out the Open Inference Protocol app (/v2)."),
+                 workspace: Optional[Path] = WorkspaceOpt) -> None:
+    """A Ray Serve config file for a registered version (Ray's `serve deploy`, KubeRay RayService)."""
+    from rayline.serve.export import export_config, write_config
+
+    config, notes = export_config(_ws(workspace), name, version, cluster_workspace=cluster_workspace, host=host,
+                                  port=port, with_v2=not no_v2)
+    served = config["applications"][0]["args"]["version"]
+    text = write_config(config, output, name, served)
+    for note in notes:
+        err_console.print(f"note: {note}")
+    if output in (None, "-"):
+        print(text, end="")
+    else:
+        err_console.print(f"wrote {output}: model {name} version {served}; deploy with: serve deploy {output} "
+                          "--address http://HEAD:8265")
 
 
 JobsAddressOpt = typer.Option(None, "--address", help="The cluster's Jobs API, http://HEAD:8265 (default: "

@@ -1,0 +1,206 @@
+"""Batch scoring, side by side: `rayline predict NAME --input --output` vs pandas + load_model.
+
+    python benchmarks/batch_scoring.py                      # 1M rows; trains a small digits model first (~1-2 min)
+    python benchmarks/batch_scoring.py --workspace W --rows 250000,1000000 --json-out batch.json
+
+What one run does, for each row count:
+1. Data: a digits-like Parquet file (the 64 `pixel_i_j` float columns of sklearn's digits, rows
+   drawn from its 1,797 images plus noise, and an int64 `id`), written in chunks of 50,000 rows
+   with pyarrow, so the generator itself holds one chunk at a time.
+2. (a) the baseline a user would write by hand, in one process: `pd.read_parquet` the file,
+   `rayline.load_model(NAME).predict(frame)`, write `id` + `prediction` to Parquet.
+3. (b) `rayline predict NAME --input FILE --output OUT.parquet --keep id` as a subprocess (its
+   own embedded Ray: the start-up is in its time).
+Both run as subprocesses; every 0.2 s the RSS and PSS of each one's whole process tree (the
+command, and for (b) the Ray processes it starts: GCS, raylet, dashboard, workers) are summed.
+RSS counts a shared page (Ray's object store in /dev/shm, shared libraries) once per process
+that maps it, so the tree's RSS overstates (b); PSS divides each shared page among its users
+and is the fair figure. Both outputs must hold the same predictions in the same order, or the
+run fails (exit 1).
+
+The model: with `--workspace W` the newest version of `--model` in W; otherwise
+`rayline run pipelines/digits-torch.yaml --no-serve` (1 trial, 3 epochs, 1 worker) trains one
+into a temporary workspace under benchmarks/ that is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNK_ROWS = 50_000
+
+
+def generate(path: Path, rows: int, seed: int = 0) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    names = list(digits.feature_names)
+    rng = np.random.default_rng(seed)
+    schema = pa.schema([("id", pa.int64())] + [(n, pa.float64()) for n in names])
+    with pq.ParquetWriter(path, schema) as writer:
+        for start in range(0, rows, CHUNK_ROWS):
+            n = min(CHUNK_ROWS, rows - start)
+            picks = digits.data[rng.integers(0, len(digits.data), n)]
+            values = np.clip(picks + rng.normal(0.0, 0.5, picks.shape), 0.0, 16.0)
+            columns = [pa.array(np.arange(start, start + n, dtype=np.int64))] + [pa.array(values[:, i]) for i in range(64)]
+            writer.write_table(pa.Table.from_arrays(columns, schema=schema), row_group_size=CHUNK_ROWS)
+
+
+class TreeSampler:
+    """Peak summed RSS and PSS of a process and all its descendants, sampled every `period` s."""
+
+    def __init__(self, pid: int, period: float = 0.2):
+        self.root = psutil.Process(pid)
+        self.period = period
+        self.peak_rss = 0
+        self.peak_pss = 0
+        self.peak_procs = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                procs = [self.root] + self.root.children(recursive=True)
+            except psutil.Error:
+                procs = []
+            rss = pss = 0
+            for proc in procs:
+                try:
+                    info = proc.memory_full_info()
+                except psutil.Error:
+                    continue
+                rss += info.rss
+                pss += getattr(info, "pss", info.rss)
+            self.peak_rss = max(self.peak_rss, rss)
+            self.peak_pss = max(self.peak_pss, pss)
+            self.peak_procs = max(self.peak_procs, len(procs))
+            self._stop.wait(self.period)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measured(cmd: list[str], env: dict) -> dict:
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sampler = TreeSampler(proc.pid)
+    output, _ = proc.communicate()
+    seconds = time.monotonic() - started
+    sampler.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{output}")
+    return {"seconds": seconds, "peak_rss": sampler.peak_rss, "peak_pss": sampler.peak_pss,
+            "peak_processes": sampler.peak_procs, "output": output.strip().splitlines()[-1:]}
+
+
+BASELINE = """
+import sys, pandas as pd, rayline
+data, out, name, ws = sys.argv[1:5]
+frame = pd.read_parquet(data)
+model = rayline.load_model(name, workspace=ws)
+predictions = model.predict(frame.drop(columns=["id"]))["predictions"]
+pd.DataFrame({"id": frame["id"], "prediction": predictions}).to_parquet(out, index=False)
+print(f"baseline wrote {len(frame)} rows")
+"""
+
+
+def differences(a: Path, b: Path) -> str | None:
+    """None when both files hold the same ids and predictions in the same order, else what differs."""
+    import pyarrow.parquet as pq
+
+    ta, tb = pq.read_table(a, columns=["id", "prediction"]), pq.read_table(b, columns=["id", "prediction"])
+    if ta.num_rows != tb.num_rows:
+        return f"{ta.num_rows} rows vs {tb.num_rows}"
+    ia, ib = ta.column("id").to_numpy(), tb.column("id").to_numpy()
+    if not np.array_equal(ia, ib):
+        return f"ids differ at {int(np.flatnonzero(ia != ib)[0])} of {len(ia)} (order not kept)"
+    pa_, pb = ta.column("prediction").to_numpy(), tb.column("prediction").to_numpy()
+    bad = np.flatnonzero(pa_ != pb)
+    return f"{len(bad)} predictions differ, first at row {bad[0]}" if len(bad) else None
+
+
+def train(ws: Path, env: dict) -> None:
+    cmd = [sys.executable, "-m", "rayline.cli", "run", "pipelines/digits-torch.yaml", "--no-serve", "-w", str(ws),
+           "--set", "tune.num_samples=1", "--set", "train.epochs=3", "--set", "train.workers=1"]
+    print("training:", " ".join(cmd[2:]), flush=True)
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", default="1000000", help="comma-separated row counts (default 1000000)")
+    parser.add_argument("--workspace", help="a workspace holding --model (default: train one into a temporary one)")
+    parser.add_argument("--model", default="digits")
+    parser.add_argument("--json-out")
+    args = parser.parse_args()
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("RAY_ADDRESS", None)
+    tmp = Path(tempfile.mkdtemp(prefix=".batch-bench-", dir=ROOT / "benchmarks"))
+    report = {"machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+                          "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+                          "load_average_start": os.getloadavg()}, "runs": []}
+    try:
+        ws = Path(args.workspace) if args.workspace else tmp / "workspace"
+        if not args.workspace:
+            train(ws, env)
+        for rows in (int(r) for r in args.rows.split(",")):
+            data = tmp / f"digits-{rows}.parquet"
+            t0 = time.monotonic()
+            generate(data, rows)
+            print(f"\n{rows:,} rows: generated {data.stat().st_size / 2**20:,.0f} MiB of Parquet in "
+                  f"{time.monotonic() - t0:.1f} s", flush=True)
+            base_out, ours_out = tmp / "baseline.parquet", tmp / "ours.parquet"
+            load_before = os.getloadavg()[0]
+            base = measured([sys.executable, "-c", BASELINE, str(data), str(base_out), args.model, str(ws)], env)
+            ours = measured([sys.executable, "-m", "rayline.cli", "predict", args.model, "--input", str(data),
+                             "--output", str(ours_out), "--keep", "id", "-w", str(ws)], env)
+            diff = differences(base_out, ours_out)
+            if diff:
+                raise SystemExit(f"the two outputs differ ({diff}): nothing measured")
+            run = {"rows": rows, "baseline": base, "rayline": ours, "load_average_before": load_before,
+                   "load_average_after": os.getloadavg()[0]}
+            report["runs"].append(run)
+            print(f"{'':<28}{'(a) pandas + load_model':>26}{'(b) rayline predict':>22}{'(b)/(a)':>10}")
+            for label, key, fmt in (("seconds (wall)", "seconds", "{:.1f}"), ("rows/s", None, "{:,.0f}"),
+                                    ("peak RSS, process tree", "peak_rss", None), ("peak PSS, process tree", "peak_pss", None)):
+                if key is None:
+                    a, b = rows / base["seconds"], rows / ours["seconds"]
+                else:
+                    a, b = base[key], ours[key]
+                shown = (lambda v: fmt.format(v)) if fmt else mib
+                print(f"{label:<28}{shown(a):>26}{shown(b):>22}{b / a:>9.2f}x")
+            print(f"processes in (b)'s tree at most: {ours['peak_processes']}; load average {load_before:.1f} -> "
+                  f"{run['load_average_after']:.1f}; outputs identical ({rows:,} rows, same order)")
+            for f in (data, base_out, ours_out):
+                f.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

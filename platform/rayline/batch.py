@@ -1,0 +1,330 @@
+"""Offline batch scoring: a registered model over a dataset with Ray Data, into one Parquet file.
+
+    rayline predict digits --version 3 --input data/ --output scores.parquet --keep id
+
+The flow, streaming end to end so memory stays bounded by a few blocks whatever the input's
+size: Ray Data reads the input with the same readers as training (`data.sources.read_dataset`:
+same types, same missing values) -> `map_batches` on an autoscaling pool of actors, each loading
+the model once (`rayline.load_model`, the Predictor every Serve replica runs) and applying its
+compiled preprocessing to whole pandas batches (numpy, no per-row Python) -> the driver
+iterates the results in input order (`preserve_order`) and appends them to a Parquet file
+written under a temporary name and renamed when complete, so a failure never leaves a
+half-written output. Output rows are in input order; `--keep` columns (default: all input
+columns) carry an id to join on as well.
+
+Columns: the kept input columns, `prediction` (the label, as the endpoint answers), and with
+probabilities one `probability_<label>` per class (the names `rayline.Client` uses).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rayline.client import PREDICTION_COLUMN, probability_column
+from rayline.errors import DataError, RaylineError, RegistryError, ResourceError
+
+__all__ = ["ScoreResult", "score", "plan_scorers", "input_files", "OUTPUT_SUFFIXES", "BATCH_ROWS"]
+
+OUTPUT_SUFFIXES = (".parquet", ".pq")
+# Rows per model call in an actor. 8,192 digits rows are 4 MB of float64 input: large enough
+# that per-batch overhead (Arrow -> pandas, one torch call) is small, small enough that a few
+# in flight per actor keep memory flat.
+BATCH_ROWS = 8192
+# Rows per Parquet row group in the output (and per driver-side batch).
+WRITE_ROWS = 65536
+
+
+@dataclass
+class ScoreResult:
+    output: str
+    rows: int
+    seconds: float
+    model: str
+    version: str
+    columns: list[str] = field(default_factory=list)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("nan")
+
+
+def plan_scorers(available_cpus: float) -> tuple[int, float]:
+    """(most scoring actors, CPUs each) for the free logical CPUs of the cluster.
+
+    Ray Data's read tasks take 1 CPU each, so one CPU stays for reading; the actors share
+    the rest (a fraction of a CPU each when less than one is left, as on a 2-CPU machine that
+    also serves a model). Less than 1.1 free CPUs: a ResourceError now instead of a job
+    that would wait forever for a CPU.
+    """
+    if available_cpus < 1.1:
+        raise ResourceError(f"batch scoring: needs at least 1.1 free logical CPUs, 1 to read and some to score "
+                            f"(got {available_cpus:g} free; allowed: free CPUs, e.g. `rayline serve` fewer replicas, "
+                            "or a cluster in RAY_ADDRESS)")
+    rest = available_cpus - 1.0
+    if rest < 2.0:
+        return 1, round(min(1.0, rest), 2)
+    return min(int(rest), 8), 1.0
+
+
+def input_files(path: str) -> tuple[str, list[str]]:
+    """(format, files) of --input: one file (format from its suffix) or a directory of one format."""
+    from rayline.data.sources import FORMAT_SUFFIXES, format_of, is_uri
+
+    if is_uri(path):
+        return format_of(path), [path]
+    if os.path.isfile(path):
+        try:
+            return format_of(path), [path]
+        except DataError as exc:
+            raise DataError(f"--input: {exc}") from exc
+    if not os.path.isdir(path):
+        raise DataError(f"--input: no such file or directory (got {path!r})")
+    found: dict[str, list[str]] = {}
+    for p in sorted(Path(path).rglob("*")):
+        if p.is_file() and not p.name.startswith((".", "_")):
+            fmt = next((f for f, sfx in FORMAT_SUFFIXES.items() if p.name.lower().endswith(sfx)), None)
+            if fmt:
+                found.setdefault(fmt, []).append(str(p))
+    allowed = ", ".join(s for sfx in FORMAT_SUFFIXES.values() for s in sfx)
+    if not found:
+        raise DataError(f"--input: directory holds no data files (got {path!r}; allowed: files ending in {allowed})")
+    if len(found) > 1:
+        raise DataError(f"--input: directory mixes formats (got {', '.join(sorted(found))} files in {path!r}; "
+                        "allowed: files of one format)")
+    (fmt, files), = found.items()
+    return fmt, files
+
+
+@dataclass
+class _Source:  # what data.sources.read_dataset reads (the spec's data.source shape)
+    format: str
+    path: str
+    name: str | None = None
+
+
+class _Scorer:
+    """One per Ray Data actor: loads the model once, scores pandas batches with numpy."""
+
+    def __init__(self, name: str, version: str, workspace: str, tracking_uri: str | None, probabilities: bool,
+                 keep: list[str]):
+        import numpy as np
+        import pyarrow as pa
+
+        from rayline import load_model
+
+        self.predictor = load_model(name, version, workspace=workspace, tracking_uri=tracking_uri)
+        self.probabilities = probabilities
+        self.keep = keep
+        prep = self.predictor.preprocessing
+        self.features = [f.name for f in prep.features]
+        self.required = [f.name for f in prep.features if not f.nullable]
+        self.classification = self.predictor.task == "classification"
+        classes = [c.item() if isinstance(c, np.generic) else c for c in (prep.label.classes or [])]
+        self.labels = pa.array(classes) if self.classification else None
+        self.prob_columns = [probability_column(str(c)) for c in classes]
+        self.where = f"model {name} v{version}"
+
+    def __call__(self, batch):
+        import numpy as np
+        import pyarrow as pa
+
+        missing = batch[self.required].isna().any(axis=0)
+        if missing.any():
+            bad = [c for c, m in missing.items() if m]
+            raise DataError(f"--input: column(s) {bad} hold missing values and {self.where} imputes none of them "
+                            "(allowed: a value in every row of these columns)")
+        x = self.predictor.preprocessing.transform(batch[self.features])  # the compiled transform serving runs
+        outputs = self.predictor.infer(x)
+        columns = {c: pa.array(batch[c], from_pandas=True) for c in self.keep}
+        if self.classification:
+            columns[PREDICTION_COLUMN] = self.labels.take(pa.array(outputs.argmax(axis=1)))
+            if self.probabilities:
+                probs = np.asarray(outputs, dtype=np.float64)
+                for i, name in enumerate(self.prob_columns):
+                    columns[name] = pa.array(probs[:, i])
+        else:
+            columns[PREDICTION_COLUMN] = pa.array(np.asarray(outputs, dtype=np.float64).reshape(-1))
+        return pa.table(columns)
+
+
+def _check_columns(names: list[str], features: list[str], keep: list[str] | None, where: str,
+                   out_columns: list[str]) -> list[str]:
+    missing = [f for f in features if f not in names]
+    if missing:
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        raise DataError(f"--input: missing feature column{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(repr(m) for m in missing[:10])}{' ...' if len(missing) > 10 else ''} that {where} "
+                        f"needs (got columns: {shown})")
+    if keep is None:
+        keep = [n for n in names if n not in out_columns]
+    else:
+        absent = [k for k in keep if k not in names]
+        if absent:
+            raise DataError(f"--keep: no such input column {', '.join(repr(a) for a in absent)} "
+                            f"(allowed: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''})")
+        clash = [k for k in keep if k in out_columns]
+        if clash:
+            raise DataError(f"--keep: column {clash[0]!r} would clash with an output column "
+                            f"(allowed: input columns other than {', '.join(out_columns[:3])}...)")
+    return list(dict.fromkeys(keep))
+
+
+def _parquet_rows(files: list[str]) -> int | None:
+    import pyarrow.parquet as pq
+
+    try:
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    except Exception:  # unreadable footers are reported by the read itself
+        return None
+
+
+def score(name: str, input_path: str, output: str, *, version: str | None = None, workspace=None,
+          probabilities: bool = False, keep: list[str] | None = None, address: str | None = None,
+          progress: Callable[[int, int | None], None] | None = None) -> ScoreResult:
+    """Score every row of `input_path` with registered model `name` into the Parquet file `output`.
+
+    Uses the Ray this process is connected to, else connects like `rayline run` (RAY_ADDRESS,
+    a `rayline cluster up` head, else an embedded local Ray, shut down when done).
+    `progress(rows_done, rows_total_or_None)` is called as batches are written."""
+    from rayline.registry import Registry
+    from rayline.workspace import Workspace, workspace as make_workspace
+
+    started = time.monotonic()
+    out = Path(output)
+    if not out.name.lower().endswith(OUTPUT_SUFFIXES):
+        raise DataError(f"--output: batch scoring writes Parquet (got {output!r}; allowed: a file ending in "
+                        f"{', '.join(OUTPUT_SUFFIXES)})")
+    if not out.parent.is_dir():
+        raise DataError(f"--output: no such directory {str(out.parent)!r} (got {output!r})")
+    if out.is_dir():
+        raise DataError(f"--output: is a directory (got {output!r}; allowed: a file path)")
+    fmt, files = input_files(str(input_path))
+    ws = workspace if isinstance(workspace, Workspace) else make_workspace(workspace)
+    registry = Registry(ws)
+    mv = registry.resolve(name, version)  # RegistryError names an unknown model or version
+    predictor_meta = _model_meta(registry, mv)
+    features, task, classes = predictor_meta
+    out_columns = [PREDICTION_COLUMN] + ([probability_column(str(c)) for c in classes]
+                                         if probabilities and task == "classification" else [])
+    where = f"model {name!r} v{mv.version}"
+    # Columns checked before Ray starts, from Parquet's footer or a bounded sample of the first file.
+    from rayline.data.sources import is_uri, source_schema
+
+    if not is_uri(files[0]):
+        try:
+            schema = source_schema(_Source(fmt, str(input_path)))
+        except DataError as exc:
+            raise DataError(str(exc).replace("data.source.path", "--input", 1)) from exc
+        if schema is not None:
+            _check_columns(list(schema.names), features, keep, where, out_columns)
+
+    import ray
+
+    from rayline.cluster import connect
+
+    connection = connect(ws, address)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        import ray.data
+
+        from rayline.data.sources import read_dataset, unwrap_data_error
+
+        ctx = ray.data.DataContext.get_current()
+        saved_order = ctx.execution_options.preserve_order
+        ctx.execution_options.preserve_order = True  # a Dataset copies the context when it is made
+        try:
+            try:
+                ds = read_dataset(_Source(fmt, str(input_path)))
+            except DataError as exc:
+                raise DataError(str(exc).replace("data.source.path", "--input", 1)) from exc
+            names = list(ds.schema().names)
+            kept = _check_columns(names, features, keep, where, out_columns)
+            workers, cpus = plan_scorers(ray.available_resources().get("CPU", 0.0))
+            scored = ds.map_batches(
+                _Scorer, batch_size=BATCH_ROWS, batch_format="pandas", num_cpus=cpus,
+                compute=ray.data.ActorPoolStrategy(min_size=1, max_size=workers),
+                fn_constructor_kwargs={"name": name, "version": mv.version, "workspace": ws.location,
+                                       "tracking_uri": ws.tracking_uri_override, "probabilities": probabilities,
+                                       "keep": kept})
+        finally:
+            ctx.execution_options.preserve_order = saved_order
+        total = _parquet_rows(files) if fmt == "parquet" else None
+        rows = _write(scored, tmp, total, progress, unwrap_data_error)
+        os.replace(tmp, out)
+    except BaseException as exc:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        if isinstance(exc, (RaylineError, KeyboardInterrupt)) or not _is_ray_error(exc):
+            raise
+        from rayline.data.sources import unwrap_data_error
+
+        raise unwrap_data_error(exc, _Source(fmt, str(input_path))) from exc
+    finally:
+        connection.shutdown()
+    return ScoreResult(output=str(out), rows=rows, seconds=time.monotonic() - started, model=name,
+                       version=mv.version, columns=kept + out_columns)
+
+
+def _is_ray_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("ray") or "RayTaskError" in type(exc).__name__
+
+
+def _model_meta(registry, mv) -> tuple[list[str], str, list]:
+    """(feature names, task, class labels) of a version, from its artifact's preprocessing.json."""
+    import json
+
+    from rayline.model import META_FILE, PREPROCESSING_FILE
+
+    root = Path(registry.download(mv))
+    # The files sit at the root (older versions) or under the MLflow pyfunc model's artifacts/:
+    # found by name, so the driver never imports the model's framework (the actors load it).
+    meta = next(iter(sorted(root.rglob(META_FILE), key=lambda p: len(p.parts))), None)
+    if meta is None or not (meta.parent / PREPROCESSING_FILE).is_file():
+        raise RegistryError(f"model {mv.name!r} version {mv.version}: not a rayline model (no {META_FILE} with "
+                            f"{PREPROCESSING_FILE} in {root})")
+    with open(meta.parent / PREPROCESSING_FILE) as fh:
+        prep = json.load(fh)
+    with open(meta) as fh:
+        task = json.load(fh)["task"]
+    return [f["name"] for f in prep["features"]], task, prep["label"].get("classes") or []
+
+
+def _write(ds, tmp: Path, total: int | None, progress, unwrap) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer = None
+    rows = 0
+    try:
+        for table in ds.iter_batches(batch_size=WRITE_ROWS, batch_format="pyarrow", prefetch_batches=1):
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, table.schema)
+            elif table.schema != writer.schema:
+                try:
+                    table = table.cast(writer.schema)
+                except (pa.ArrowException, ValueError) as exc:
+                    raise DataError(f"--input: a column's type changes between files or blocks ({exc}; allowed: one "
+                                    "type per column)") from exc
+            writer.write_table(table, row_group_size=WRITE_ROWS)
+            rows += table.num_rows
+            if progress is not None:
+                progress(rows, total)
+    except DataError:
+        raise
+    except Exception as exc:
+        if not _is_ray_error(exc):
+            raise
+        raise unwrap(exc) from exc
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        raise DataError("--input: holds no rows (got 0 rows)")
+    return rows
+
