@@ -51,7 +51,8 @@ BATCH_ROWS = 1000
 SAMPLE_ROWS = 64  # rows of the correctness check
 PACKAGES = ("rayline", "ray", "torch", "fastapi", "uvicorn", "pydantic", "numpy", "aiohttp")
 
-SERVER_NAMES = {"(b)": "(b) rayline on Ray Serve", "(c)": "(c) rayline app, no Ray"}
+SERVER_NAMES = {"(b)": "(b) rayline on Ray Serve", "(c)": "(c) rayline app, no Ray",
+                "(d)": "(d) rayline, ROUTE/v/N (no router)"}
 
 # The issue's targets, as (b)/(a) ratios in the same run: (figure key, comparison, bound).
 TARGETS = {
@@ -211,6 +212,18 @@ def _figures(results: dict[str, LoadResult]) -> dict[str, float]:
     return out
 
 
+def _router_hop(figures: dict) -> list[str]:
+    """What the traffic router costs: (b) `ROUTE/predict` (router -> version) against (d)
+    `ROUTE/v/N/predict` (the same version's app, straight from the ingress), side by side."""
+    if "(d)" not in figures:
+        return []
+    fb, fd = figures["(b)"], figures["(d)"]
+    rows = [[key.replace("@", " @ "), f"{fb[key]:.2f}" if "ms" in key else f"{fb[key]:.0f}",
+             f"{fd[key]:.2f}" if "ms" in key else f"{fd[key]:.0f}", f"{_ratio(key, fd, fb):.2f}x"] for key in fb]
+    return ["", "router hop: (b) ROUTE/predict through the router vs (d) ROUTE/v/N/predict, same version:",
+            format_table(["figure", "(b) routed", "(d) version route", "(b)/(d)"], rows)]
+
+
 def _report(args, machine: dict, check: dict, results: dict[str, dict]) -> tuple[str, dict]:
     """`results`: server label -> scenario -> LoadResult, (a) first; ratios are against (a)."""
     figures = {label: _figures(res) for label, res in results.items()}
@@ -251,12 +264,13 @@ def _report(args, machine: dict, check: dict, results: dict[str, dict]) -> tuple
         f"run: {args.warmup:g} s warm-up + {args.seconds:g} s per measurement, closed loop, keep-alive; "
         f"baseline torch threads {args.baseline_threads}; correctness: {check.get('agree_a_b')}/{check.get('rows')} rows agree "
         f"(a)=(b), {check.get('agree_b_offline')}/{check.get('rows')} (b)=offline, model version {check.get('version')}",
-        "", table, "", "client and machine CPU (cores busy over each measurement; the machine figure includes everyone):",
-        load,
+        "", table, *_router_hop(figures), "",
+        "client and machine CPU (cores busy over each measurement; the machine figure includes everyone):", load,
     ])
     summary = {"figures": {**{label.strip("()"): f for label, f in figures.items()},
                            "ratio": {k: _ratio(k, fa, fb) for k in fa},
-                           "ratio_c": {k: _ratio(k, fa, figures["(c)"]) for k in fa} if "(c)" in figures else {}},
+                           "ratio_c": {k: _ratio(k, fa, figures["(c)"]) for k in fa} if "(c)" in figures else {},
+                           "ratio_router": {k: _ratio(k, figures["(d)"], fb) for k in fb} if "(d)" in figures else {}},
                "targets": verdicts}
     return text, summary
 
@@ -341,8 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         machine["ingress"] = _ingress(ws) if _head_temp_dir(ws) else "unknown (endpoint not on a `rayline cluster up` head)"
         client = LoadClient()
         print(f"measuring ({args.warmup:g} s warm-up + {args.seconds:g} s each):", flush=True)
-        results = _measure_all(args, client, {"(a)": f"{a_url}/predict", "(b)": f"{b_url}/predict",
-                                              "(c)": f"{c_url}/predict"}, x, features)
+        urls = {"(a)": f"{a_url}/predict", "(b)": f"{b_url}/predict", "(c)": f"{c_url}/predict"}
+        if _healthy(f"{b_url}/v/{check['version']}/health"):  # the version's own route (rayline/serve/versions.py)
+            urls["(d)"] = f"{b_url}/v/{check['version']}/predict"
+        results = _measure_all(args, client, urls, x, features)
         text, summary = _report(args, machine, check, results)
         print(text)
         errors = sum(r.errors for res in results.values() for r in res.values())

@@ -66,6 +66,7 @@ class AppStatus:
     errors: Optional[int] = None
     requests_by_code: dict[str, int] = field(default_factory=dict)
     rows_predicted: Optional[int] = None
+    rollout: Optional[dict] = None  # a routed model's split, canary gate and gate rollback (rayline/serve/versions.py)
 
 
 @dataclass
@@ -142,7 +143,7 @@ def _serve_details() -> dict:
     return client.get_serve_details()
 
 
-def gather_status(name: Optional[str] = None, *, with_metrics: bool = True) -> ServeStatusReport:
+def gather_status(name: Optional[str] = None, *, with_metrics: bool = True, ws=None) -> ServeStatusReport:
     """The Serve applications of the connected cluster (or only `name`), with replica counts,
     autoscaling bounds and, from the metrics export, model, versions and request counts."""
     apps = _serve_details().get("applications") or {}
@@ -178,6 +179,13 @@ def gather_status(name: Optional[str] = None, *, with_metrics: bool = True) -> S
             if args.get("name"):
                 status.model = status.model or args["name"]
                 status.versions = [str(args.get("version") or "latest")]
+        if f"{app_name}-router" in (details.get("deployments") or {}):
+            from rayline.serve.versions import rollout_state
+
+            status.rollout = rollout_state(app_name, ws)  # with ws, a gate rollback also drops the canary alias
+            status.model = status.model or app_name
+            if status.rollout:
+                status.versions = sorted(status.rollout.get("weights") or {}, key=int)
         out.append(status)
     return ServeStatusReport(out, note)
 
