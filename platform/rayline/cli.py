@@ -257,6 +257,9 @@ def predict(
     from rayline.client import Client
     from rayline.serve.client import load_instances, prediction_rows
 
+    if to_file and Path(output).suffix.lower() not in _ONLINE_WRITERS:
+        raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json, or a file ending in "
+                           f"{', '.join(_ONLINE_WRITERS)})")
     instances = load_instances(json_body, input_file)
     url = target if target.startswith(("http://", "https://")) else f"http://{host}:{port}{target}"
     url = url.rstrip("/")
@@ -282,17 +285,16 @@ def predict(
     console.print(table)
 
 
+_ONLINE_WRITERS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
+
+
 def _write_online(url, api_key, timeout, retries, instances, probabilities, keep, path: Path) -> None:
     """The served model's predictions for `instances` (beside the kept input columns) written to `path`."""
     import pandas as pd
 
     from rayline.client import Client
 
-    writers = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
-    kind = writers.get(path.suffix.lower())
-    if kind is None:
-        raise RaylineError(f"--output: unknown format (got {path.name!r}; allowed: table, json, or a file ending in "
-                           f"{', '.join(writers)})")
+    kind = _ONLINE_WRITERS[path.suffix.lower()]
     if not path.parent.is_dir():
         raise RaylineError(f"--output: no such directory {str(path.parent)!r} (got {str(path)!r})")
     inputs = pd.DataFrame(instances)
@@ -301,7 +303,10 @@ def _write_online(url, api_key, timeout, retries, instances, probabilities, keep
         raise RaylineError(f"--keep: no such input column {', '.join(map(repr, absent))} "
                            f"(allowed: {', '.join(map(str, inputs.columns[:20]))})")
     with Client(url, api_key=api_key, timeout=timeout, max_retries=retries) as client:
-        predicted = client.predict(instances, probabilities)
+        # Only the model's features are sent: other input columns (an id) are kept in the file, not refused.
+        features = [f.get("name") for f in client.metadata().get("features") or [] if isinstance(f, dict)]
+        sent = [{k: row[k] for k in features if k in row} for row in instances] if features else instances
+        predicted = client.predict(sent, probabilities)
         answered = client.version
     kept = inputs[list(dict.fromkeys(keep))] if keep else inputs.drop(columns=[c for c in predicted.columns if c in inputs.columns])
     frame = pd.concat([kept.reset_index(drop=True), predicted.reset_index(drop=True)], axis=1)
