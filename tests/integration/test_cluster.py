@@ -20,6 +20,7 @@ import time
 import httpx
 import psutil
 import pytest
+import yaml
 
 from .conftest import ROOT
 
@@ -155,6 +156,8 @@ def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
         assert response.status_code == 200, response.text
         assert response.json()["model"] == "diabetes" and isinstance(response.json()["predictions"][0], float)
 
+        _export_and_serve_deploy(ws_a, DASHBOARD_PORTS[0], response.json()["predictions"][0], info_a["token_auth"])
+
         # Serve already runs there on SERVE_PORT: deploying with another port must print the
         # address where the app really is (Ray ignores the new HTTP options).
         other = _deploy(ws_a, OTHER_SERVE_PORT)
@@ -208,6 +211,50 @@ def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
     assert info_b
     left = _processes_naming(info_b["temp_dir"], HEAD_PORTS[1])
     assert left == [], "\n".join(left)
+
+
+_ROW = {f: 0.01 for f in ("age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6")}
+
+
+def _export_and_serve_deploy(ws, dashboard_port, expected, token_auth):
+    """`rayline serve export` writes a config that Ray's own `serve deploy` CLI deploys, and the
+    cluster then serves the same API from it: the routed route, the version's own route and the
+    Open Inference Protocol, all with the same prediction; Ray's `serve config` shows the apps."""
+    config = ws / "diabetes-serve.yaml"
+    export = _cli(ws, "serve", "export", "diabetes", "--output", str(config), f"--port={SERVE_PORT}")
+    assert export.returncode == 0, export.stdout + export.stderr
+    assert "version 1" in export.stderr and "Traceback" not in export.stderr
+    address = ["--address", f"http://127.0.0.1:{dashboard_port}"]
+    # As a user runs Ray's CLI against the head: its loopback-only mode, and its token when it has one.
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token" if token_auth else "disabled"}
+    deployed = subprocess.run(["serve", "deploy", str(config), *address], capture_output=True, text=True, env=env,
+                              timeout=120)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    base = f"http://127.0.0.1:{SERVE_PORT}"
+    deadline, answers = time.monotonic() + 120, {}
+    while time.monotonic() < deadline:
+        try:
+            answers = {
+                "routed": httpx.post(f"{base}/diabetes/predict", json={"instances": [_ROW]}, timeout=30),
+                "version": httpx.post(f"{base}/diabetes/v/1/predict", json={"instances": [_ROW]}, timeout=30),
+                "v2": httpx.post(f"{base}/v2/models/diabetes/infer", timeout=30, json={"inputs": [
+                    {"name": f, "datatype": "FP64", "shape": [1], "data": [v]} for f, v in _ROW.items()]}),
+            }
+        except httpx.HTTPError:
+            answers = {}
+        if answers and all(r.status_code == 200 for r in answers.values()):
+            break
+        time.sleep(1)
+    assert answers and all(r.status_code == 200 for r in answers.values()), {k: r.text for k, r in answers.items()}
+    assert answers["routed"].json()["predictions"][0] == expected
+    assert answers["routed"].headers["x-rayline-version"] == "1"
+    assert answers["version"].json()["predictions"][0] == expected
+    v2 = answers["v2"].json()
+    assert v2["model_name"] == "diabetes" and v2["model_version"] == "1"
+    assert v2["outputs"][0]["data"][0] == pytest.approx(expected)
+    shown = subprocess.run(["serve", "config", *address], capture_output=True, text=True, env=env, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert {"diabetes", "diabetes-v1", "rayline-v2"} <= {a["name"] for a in yaml.safe_load_all(shown.stdout) if a}
 
 
 NO_AUTH = {"RAY_AUTH_MODE": "disabled"}

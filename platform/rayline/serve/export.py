@@ -1,0 +1,169 @@
+"""`rayline serve export NAME`: a Ray Serve config file for a registered model version — what Ray's
+own `serve deploy FILE` and KubeRay's RayService (`serveConfigV2`) read — serving the same API as
+`rayline run` / `rayline serve deploy`:
+
+- application `NAME-vN` at `ROUTE/v/N`: the version's ModelServer (`rayline.serve.app:build_app`);
+- application `NAME` at `ROUTE`: the traffic router (`rayline.serve.export:build_router_app`),
+  all traffic to version N, which becomes the champion the routers follow;
+- application `rayline-v2` at `/v2`: the Open Inference Protocol (`rayline.serve.oip:build_app`).
+
+The version is written as a number, resolved here once (default: the `champion` alias, else the
+newest version): a config names exactly what it serves, and changing the number is the rollout.
+The serving settings (replicas, resources, batching, limits, auth) are the ones the version was
+trained with (its spec.yaml); the route too.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from typing import Any, Optional
+
+from rayline.errors import ServeError
+
+__all__ = ["export_config", "write_config", "build_router_app", "ROUTER_IMPORT_PATH"]
+
+ROUTER_IMPORT_PATH = "rayline.serve.export:build_router_app"
+
+
+def _version_spec(registry, mv):
+    """The PipelineSpec the version was trained with (its artifact's spec.yaml)."""
+    import yaml
+
+    from rayline.model import SPEC_FILE, artifact_root
+    from rayline.spec import PipelineSpec
+
+    root = artifact_root(registry.download(mv))
+    with open(os.path.join(root, SPEC_FILE)) as fh:
+        return PipelineSpec.model_validate(yaml.safe_load(fh))
+
+
+def export_config(ws, name: str, version: Optional[str] = None, *, cluster_workspace: Optional[str] = None,
+                  host: str = "127.0.0.1", port: int = 8000, with_v2: bool = True) -> tuple[dict, list[str]]:
+    """(the Serve config as a dict, notes for the user). `cluster_workspace`: the workspace path as
+    the cluster's nodes see it (default: this workspace's absolute path, right for a head on this
+    machine or a shared filesystem mounted at the same path)."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from rayline.redact import redact_uri
+    from rayline.registry import Registry
+    from rayline.spec import ServeSpec
+
+    notes: list[str] = []
+    registry = Registry(ws)
+    if version in (None, "champion"):
+        version = registry.alias_version(name, "champion")
+        if version is None:
+            notes.append(f"model {name} has no champion alias: exporting its newest version")
+    mv = registry.resolve(name, None if version in (None, "latest") else str(version))
+    spec = _version_spec(registry, mv)
+    serve_spec = spec.serve or ServeSpec()
+    route = spec.route
+    settings = serve_spec.model_dump(mode="json", exclude={"route", "canary"}, exclude_none=True)
+    common: dict[str, Any] = {"name": name}
+    if ws.storage_uri:
+        common["workspace"] = ws.storage_uri
+    else:
+        common["workspace"] = cluster_workspace or str(ws.root)
+    uri = ws.tracking_uri_override
+    if uri:
+        if redact_uri(uri) != uri:
+            # A credential written into a config file ends up in Serve's status and KubeRay's CR.
+            notes.append("the tracking URI holds credentials and is left out: set RAYLINE_TRACKING_URI on every node")
+        else:
+            common["tracking_uri"] = uri
+    version_app = {
+        "name": f"{name}-v{mv.version}",
+        "route_prefix": f"{route}/v/{mv.version}",
+        "import_path": "rayline.serve.app:build_app",
+        "args": {**common, "version": mv.version, "framework": spec.model.framework, **settings},
+    }
+    router_app = {
+        "name": name,
+        "route_prefix": route,
+        "import_path": ROUTER_IMPORT_PATH,
+        "args": {**common, "route": route, "champion": mv.version, "replicas_max": serve_spec.replicas.max},
+    }
+    applications = [version_app, router_app]
+    if with_v2:
+        from rayline.serve.oip import OIP_APP, OIP_ROUTE
+
+        applications.append({"name": OIP_APP, "route_prefix": OIP_ROUTE, "import_path": "rayline.serve.oip:build_app"})
+    config = {"proxy_location": "EveryNode", "http_options": {"host": host, "port": port}, "applications": applications}
+    ServeDeploySchema.model_validate(config)  # what `serve deploy` will check, checked before writing
+    return config, notes
+
+
+def write_config(config: dict, path: Optional[str], name: str, version: str) -> str:
+    """YAML with a header saying what it serves and how to deploy it; to `path` (atomically) or the text."""
+    import yaml
+
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = (f"# Ray Serve config for model {name} version {version}, written by `rayline serve export` ({when}).\n"
+              "# Deploy on a running cluster with Ray's CLI:   serve deploy THIS_FILE --address http://HEAD:8265\n"
+              "# or put `applications` into a KubeRay RayService's serveConfigV2. Roll out another version by\n"
+              "# exporting it (or editing the version number: the app name, route and router's champion).\n")
+    text = header + yaml.safe_dump(config, sort_keys=False)
+    if path in (None, "-"):
+        return text
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ServeError(f"--output: cannot write {path} ({exc.strerror or exc})") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return text
+
+
+def build_router_app(args: dict[str, Any]):
+    """Serve application builder for the router of a config file (`serve deploy`, RayService):
+    args name, route, champion (a version number), replicas_max, and the registry (workspace,
+    tracking_uri). Building it makes `champion` the version the model's routers send all traffic
+    to and moves the MLflow `champion` alias there, as `rayline serve deploy NAME --version N` does:
+    a config is declarative, so applying it again resets the split to what it says."""
+    import json
+    import uuid
+
+    from rayline.serve.router import KV_NAMESPACE, build_router, routing_key
+
+    allowed = {"name", "route", "champion", "replicas_max", "workspace", "tracking_uri"}
+    unknown = sorted(set(args) - allowed)
+    missing = [k for k in ("name", "route", "champion") if not args.get(k)]
+    if unknown or missing:
+        raise ServeError(f"build_router_app args: {'unknown keys ' + str(unknown) if unknown else 'missing ' + str(missing)} "
+                         f"(allowed: {', '.join(sorted(allowed))})")
+    name, champion = str(args["name"]), str(args["champion"])
+    if not champion.isdigit():
+        raise ServeError(f"build_router_app args.champion: a registered version number (got {champion!r})")
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
+
+    raw = _internal_kv_get(routing_key(name), namespace=KV_NAMESPACE)
+    old = json.loads(raw) if raw else {}
+    table = {"model": name, "route": str(args["route"]), "weights": {champion: 100}, "champion": champion,
+             "canary": None, "gate": None, "rollout": uuid.uuid4().hex[:12], "revision": int(old.get("revision") or 0) + 1,
+             "serve": old.get("serve") or {}}
+    _internal_kv_put(routing_key(name), json.dumps(table).encode(), overwrite=True, namespace=KV_NAMESPACE)
+    if args.get("workspace") or args.get("tracking_uri"):
+        _record_champion(name, champion, args)
+    return build_router(name, int(args.get("replicas_max") or 2))
+
+
+def _record_champion(name: str, champion: str, args: dict) -> None:
+    """The MLflow record follows the config: alias champion -> `champion` (the old one onto the
+    history that `rayline serve rollback` walks back), and no canary."""
+    from rayline.registry import Registry
+    from rayline.serve.app import _workspace_arg
+    from rayline.serve.versions import _history, _set_champion
+    from rayline.workspace import workspace as make_workspace
+
+    registry = Registry(make_workspace(_workspace_arg(args.get("workspace")), args.get("tracking_uri")))
+    registry.resolve(name, champion)  # an unknown version fails the build, naming it
+    old = registry.alias_version(name, "champion")
+    if old != champion:
+        _set_champion(registry, name, champion, old, _history(registry, name))
+    if registry.alias_version(name, "canary"):
+        registry.delete_alias(name, "canary")
