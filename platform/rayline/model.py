@@ -100,16 +100,16 @@ class Predictor:
     def __init__(self, model_dir: str, version: str | None = None):
         from rayline.train.catalog import load_backend
 
-        model_dir = artifact_root(model_dir)
-        self.model_dir = model_dir
-        with open(os.path.join(model_dir, META_FILE)) as fh:
+        self.model_dir = model_dir  # as given: the downloaded version (either layout)
+        files = artifact_root(model_dir)
+        with open(os.path.join(files, META_FILE)) as fh:
             self.meta: dict[str, Any] = json.load(fh)
         self.version = version
-        self.preprocessing = FittedPreprocessing.load(os.path.join(model_dir, PREPROCESSING_FILE))
+        self.preprocessing = FittedPreprocessing.load(os.path.join(files, PREPROCESSING_FILE))
         backend = load_backend(self.meta["framework"])
         for key, value in backend.worker_env().items():
             os.environ.setdefault(key, value)
-        self._predict = backend.load(os.path.join(model_dir, WEIGHTS_DIR), self.meta)
+        self._predict = backend.load(os.path.join(files, WEIGHTS_DIR), self.meta)
         classes = self.preprocessing.label.classes or []
         self._labels = _plain_list(classes)  # class id -> original label, as JSON scalars
         self._label_names = [str(c) for c in classes]
