@@ -20,8 +20,9 @@ optional (`required: false`) and may hold nulls. Output: a DataFrame with `predi
 original label, exactly the endpoint's "predictions") and, for classification, one
 `probability_<label>` column per class (the endpoint's "probabilities" values).
 
-mlflow is imported inside the functions: `rayline.Client` and the CLI read the column names
-from here without paying MLflow's ~1.2 s import.
+The column names are rayline.Client's (one definition, in rayline/client.py): a DataFrame
+from the pyfunc model and one from the client have the same columns. mlflow is imported
+inside the functions, so importing this module costs no MLflow import (~1.2 s).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rayline.client import PREDICTION_COLUMN, probability_column
 from rayline.errors import DataError
 
 __all__ = [
@@ -49,17 +51,11 @@ __all__ = [
     "is_pyfunc",
 ]
 
-PREDICTION_COLUMN = "prediction"
-PROBABILITY_PREFIX = "probability_"
+PROBABILITY_PREFIX = probability_column("")
 # The models-from-code file MLflow copies into every model and runs when loading it.
 MODEL_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyfunc_model.py")
 EXAMPLE_ROWS = 3
 _ALLOWED = {"double": "a number", "boolean": "true or false", "string": "a string"}
-
-
-def probability_column(label: Any) -> str:
-    """`probability_<label>`: the label as the endpoint's "probabilities" keys spell it (str(label))."""
-    return f"{PROBABILITY_PREFIX}{label}"
 
 
 def output_columns(preprocessing) -> list[str]:
