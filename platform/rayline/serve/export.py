@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from rayline.errors import ServeError
 
-__all__ = ["export_config", "write_config", "build_router_app", "ROUTER_IMPORT_PATH"]
+__all__ = ["export_config", "config_for", "write_config", "build_router_app", "ROUTER_IMPORT_PATH"]
 
 ROUTER_IMPORT_PATH = "rayline.serve.export:build_router_app"
 
@@ -40,14 +40,12 @@ def _version_spec(registry, mv):
 
 def export_config(ws, name: str, version: Optional[str] = None, *, cluster_workspace: Optional[str] = None,
                   host: str = "127.0.0.1", port: int = 8000, with_v2: bool = True) -> tuple[dict, list[str]]:
-    """(the Serve config as a dict, notes for the user). `cluster_workspace`: the workspace path as
-    the cluster's nodes see it (default: this workspace's absolute path, right for a head on this
-    machine or a shared filesystem mounted at the same path)."""
-    from ray.serve.schema import ServeDeploySchema
-
+    """(the Serve config as a dict, notes for the user) for a registered version of `name`.
+    `cluster_workspace`: the workspace path as the cluster's nodes see it (default: this
+    workspace's absolute path, right for a head on this machine or a shared filesystem mounted
+    at the same path)."""
     from rayline.redact import redact_uri
     from rayline.registry import Registry
-    from rayline.spec import ServeSpec
 
     notes: list[str] = []
     registry = Registry(ws)
@@ -57,41 +55,46 @@ def export_config(ws, name: str, version: Optional[str] = None, *, cluster_works
             notes.append(f"model {name} has no champion alias: exporting its newest version")
     mv = registry.resolve(name, None if version in (None, "latest") else str(version))
     spec = _version_spec(registry, mv)
+    tracking_uri = ws.tracking_uri_override
+    if tracking_uri and redact_uri(tracking_uri) != tracking_uri:
+        # A credential written into a config file ends up in Serve's status and KubeRay's CR.
+        notes.append("the tracking URI holds credentials and is left out: set RAYLINE_TRACKING_URI on every node")
+        tracking_uri = None
+    workspace = ws.storage_uri or cluster_workspace or str(ws.root)
+    return config_for(spec, mv.version, workspace=workspace, tracking_uri=tracking_uri, host=host, port=port,
+                      with_v2=with_v2), notes
+
+
+def config_for(spec, version: str, *, workspace: Optional[str], tracking_uri: Optional[str] = None,
+               host: str = "127.0.0.1", port: int = 8000, with_v2: bool = True) -> dict:
+    """The Serve config serving version `version` of the model a pipeline spec trains, with the
+    spec's serve settings and route (serving/*.yaml are this, for the reference pipelines)."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from rayline.spec import ServeSpec
+
     serve_spec = spec.serve or ServeSpec()
-    route = spec.route
     settings = serve_spec.model_dump(mode="json", exclude={"route", "canary"}, exclude_none=True)
+    name, route, version = spec.name, spec.route, str(version)
     common: dict[str, Any] = {"name": name}
-    if ws.storage_uri:
-        common["workspace"] = ws.storage_uri
-    else:
-        common["workspace"] = cluster_workspace or str(ws.root)
-    uri = ws.tracking_uri_override
-    if uri:
-        if redact_uri(uri) != uri:
-            # A credential written into a config file ends up in Serve's status and KubeRay's CR.
-            notes.append("the tracking URI holds credentials and is left out: set RAYLINE_TRACKING_URI on every node")
-        else:
-            common["tracking_uri"] = uri
-    version_app = {
-        "name": f"{name}-v{mv.version}",
-        "route_prefix": f"{route}/v/{mv.version}",
-        "import_path": "rayline.serve.app:build_app",
-        "args": {**common, "version": mv.version, "framework": spec.model.framework, **settings},
-    }
-    router_app = {
-        "name": name,
-        "route_prefix": route,
-        "import_path": ROUTER_IMPORT_PATH,
-        "args": {**common, "route": route, "champion": mv.version, "replicas_max": serve_spec.replicas.max},
-    }
-    applications = [version_app, router_app]
+    if workspace:
+        common["workspace"] = workspace
+    if tracking_uri:
+        common["tracking_uri"] = tracking_uri
+    applications = [
+        {"name": f"{name}-v{version}", "route_prefix": f"{route}/v/{version}",
+         "import_path": "rayline.serve.app:build_app",
+         "args": {**common, "version": version, "framework": spec.model.framework, **settings}},
+        {"name": name, "route_prefix": route, "import_path": ROUTER_IMPORT_PATH,
+         "args": {**common, "route": route, "champion": version, "replicas_max": serve_spec.replicas.max}},
+    ]
     if with_v2:
         from rayline.serve.oip import OIP_APP, OIP_ROUTE
 
         applications.append({"name": OIP_APP, "route_prefix": OIP_ROUTE, "import_path": "rayline.serve.oip:build_app"})
     config = {"proxy_location": "EveryNode", "http_options": {"host": host, "port": port}, "applications": applications}
     ServeDeploySchema.model_validate(config)  # what `serve deploy` will check, checked before writing
-    return config, notes
+    return config
 
 
 def write_config(config: dict, path: Optional[str], name: str, version: str) -> str:

@@ -1,0 +1,40 @@
+"""serving/*.yaml: one Ray Serve config per reference pipeline, equal to what `rayline serve export`
+writes for version 1 of it (rayline.serve.export.config_for), valid for Ray's own schema, and each
+application builds from its args as Serve's controller will build it."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = {"digits": "digits-torch", "diabetes": "diabetes-torch", "breast-cancer": "breast-cancer-xgboost",
+             "wine": "wine-tensorflow"}
+
+
+def test_every_reference_pipeline_has_a_serving_config_and_nothing_else_is_there():
+    assert sorted(p.stem for p in (ROOT / "serving").glob("*.yaml")) == sorted(REFERENCE)
+    assert sorted(p.stem for p in (ROOT / "pipelines").glob("*.yaml")) == sorted(REFERENCE.values())
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_serving_config_is_the_export_of_its_pipeline(name):
+    from ray.serve.schema import ServeDeploySchema
+
+    from rayline.serve.app import build_app
+    from rayline.serve.export import ROUTER_IMPORT_PATH, config_for
+    from rayline.serve.oip import build_app as build_oip
+    from rayline.spec import load_spec
+
+    text = (ROOT / "serving" / f"{name}.yaml").read_text()
+    spec = load_spec(ROOT / "pipelines" / f"{REFERENCE[name]}.yaml", check_data=False)
+    assert yaml.safe_load(text) == config_for(spec, "1", workspace=".rayline")
+    assert f"pipelines/{REFERENCE[name]}.yaml" in text and f"serve deploy serving/{name}.yaml" in text
+
+    config = ServeDeploySchema.model_validate(yaml.safe_load(text))
+    apps = {a.name: a for a in config.applications}
+    assert set(apps) == {f"{spec.name}-v1", spec.name, "rayline-v2"}
+    assert apps[spec.name].route_prefix == spec.route and apps[spec.name].import_path == ROUTER_IMPORT_PATH
+    assert apps[f"{spec.name}-v1"].route_prefix == f"{spec.route}/v/1"
+    assert type(build_app(apps[f"{spec.name}-v1"].args)).__name__ == "Application"  # a number: no registry lookup
+    assert type(build_oip(None)).__name__ == "Application"
