@@ -62,6 +62,7 @@ def test_register_logs_an_mlflow_pyfunc_model_with_rayline_files_under_artifacts
     example = model.load_input_example(local)
     assert example["x"].isna().tolist() == [True, False] and example["c"].tolist() == ["b", "a"]
     assert artifact_root(local) == f"{local}/artifacts/rayline"
+    assert registry.client.get_model_version("tiny", mv.version).tags["rayline.pyfunc"] == "true"
     assert list(registry.ws.tmp_dir.iterdir()) == []  # the staging copy is gone
 
 
