@@ -43,6 +43,7 @@ _PASSED_HEADERS = (b"authorization", b"x-api-key")
 # are controller round trips (~1-3 ms each on the 2-core machine); a few seconds keeps them
 # off the request path while a newly deployed version or a deleted app is seen soon.
 APPS_TTL_S, HANDLE_TTL_S, META_TTL_S = 2.0, 10.0, 10.0
+MIN_REFRESH_S = 0.5
 
 
 def _error(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
@@ -64,8 +65,11 @@ class ServeApps:
         self._handles: dict[str, tuple[float, Any]] = {}
 
     async def names(self, fresh: bool = False) -> set[str]:
+        """Application names. `fresh`: look again unless the list is under MIN_REFRESH_S old, so a
+        stream of requests for an unknown model costs the controller at most one call per interval."""
         expires, names = self._names
-        if fresh or time.monotonic() > expires:
+        now = time.monotonic()
+        if now > expires or (fresh and now > expires - APPS_TTL_S + MIN_REFRESH_S):
             ids = await self._controller.list_deployment_ids.remote()
             names = {i.app_name for i in ids}
             self._names = (time.monotonic() + APPS_TTL_S, names)
