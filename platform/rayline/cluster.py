@@ -21,7 +21,7 @@ from rayline.ports import free_port
 from rayline.workspace import Workspace
 
 __all__ = ["Connection", "connect", "train_env", "serve_env", "INGRESS_CHOICES", "HOST_CHOICES", "cluster_up", "cluster_down",
-           "cluster_status", "token_auth_on", "quiet_ray", "quiet_driver_logs"]
+           "cluster_status", "token_auth_on", "quiet_ray", "quiet_driver_logs", "pin_state_api"]
 
 _TOKEN = Path.home() / ".ray" / "auth_token"
 
@@ -236,15 +236,33 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
         # groups of trials Tune stops early; without it those CPUs leak.
         os.environ.update(train_env())  # inherited by the raylet and every worker
         os.environ.update(serve_env(ingress))
+        dashboard_port = pin_state_api()
         # address="local": a Ray of our own even when another head on this machine recorded
         # itself in /tmp/ray/ray_current_cluster (a bare ray.init() would join that cluster).
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=verbose, namespace="rayline",
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+                 dashboard_port=dashboard_port, log_to_driver=verbose, namespace="rayline",
                  configure_logging=True, logging_level="WARNING")
     except ConnectionError as exc:
         raise ClusterError(f"cannot reach a Ray cluster at {address}: {exc} (start one with `rayline cluster up`)") from None
     except Exception as exc:
         raise ClusterError(f"cannot start Ray{' at ' + address if address else ''}: {str(exc).splitlines()[0]}") from None
     return Connection(address=None, embedded=True, owned=True)
+
+
+def pin_state_api() -> int:
+    """The dashboard port for a Ray started in this process (8265 when free), named as the state
+    API's address in this process's environment, which the raylet and every worker inherit.
+
+    Why: Train V2 frees the placement groups of trials Tune stops early through Ray's state API
+    (ray.util.state) called without an address, which finds "the" Ray by its local processes. With
+    two Rays on one machine (a `rayline cluster up` head and an embedded `rayline run`, or two runs)
+    it raises "Found multiple active Ray instances", the placement groups are never removed, and
+    their CPUs stay held: serving after the sweep then waited for CPUs that never came (measured:
+    0.04 of 2 CPUs free minutes after a 2-trial digits sweep). RAY_API_SERVER_ADDRESS is the first
+    thing the state API reads (ray/dashboard/utils.py get_address_for_submission_client)."""
+    port = free_port("127.0.0.1", 8265)
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    return port
 
 
 def _ray_cli() -> str:

@@ -41,7 +41,10 @@ def ray_session():
     os.environ.setdefault("RAYLINE_TEST_API_KEYS", "test-env-key-" + os.urandom(12).hex())
     # address="local": always a new Ray of its own, never one that another `ray start` on this
     # machine recorded in /tmp/ray/ray_current_cluster (ray.init() would join that one).
-    ray.init(address="local", num_cpus=2, include_dashboard=True, log_to_driver=False, namespace="rayline-tests")
+    from rayline.cluster import pin_state_api
+
+    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=pin_state_api(), log_to_driver=False,
+             namespace="rayline-tests")
     # HAProxy's state dir and stats/metrics ports are this Ray's own, and its raylet has them now.
     # Left in os.environ they would pass for a user's settings to every Ray a later test starts
     # (`ray start` heads, `rayline run` subprocesses, multi-node clusters), whose HAProxy then
@@ -49,6 +52,9 @@ def ray_session():
     for key in ingress_env:
         if key.startswith("RAY_SERVE_HAPROXY_"):
             os.environ.pop(key, None)
+    # Likewise the state API's address (pin_state_api): this Ray's workers have it; `rayline submit`
+    # and the heads later tests start must not take this Ray's dashboard for theirs.
+    os.environ.pop("RAY_API_SERVER_ADDRESS", None)
     yield ray
     from ray import serve
 
