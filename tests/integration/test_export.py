@@ -85,3 +85,23 @@ def test_router_builder_rejects_bad_args_by_name():
         build_router_app({"name": "m", "route": "/m"})
     with pytest.raises(ServeError, match="champion: a registered version number"):
         build_router_app({"name": "m", "route": "/m", "champion": "latest"})
+
+
+def test_deploying_a_version_also_serves_the_open_inference_protocol(digits, ws):
+    """`rayline run` and `rayline serve deploy` (serve.versions.deploy) bring up /v2 with the model."""
+    import httpx
+    from ray import serve
+
+    from rayline.serve import versions
+    from rayline.serve.oip import OIP_APP
+
+    from .conftest import PORT
+
+    if OIP_APP in serve.status().applications:
+        serve.delete(OIP_APP)
+    rollout = versions.deploy("digits", digits.version, ws=ws, port=PORT)
+    assert OIP_APP in rollout.created
+    ready = httpx.get(f"http://127.0.0.1:{PORT}/v2/models/digits/ready", timeout=60)
+    assert ready.status_code == 200, ready.text
+    meta = httpx.get(f"http://127.0.0.1:{PORT}/v2/models/digits", timeout=60).json()
+    assert meta["name"] == "digits" and digits.version in meta["versions"]

@@ -299,6 +299,10 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
              "revision": int((table or {}).get("revision") or 0) + 1, "serve": settings}
     _write_table(name, table)
     _start_router(name, route, serve_spec.replicas.max, _apps(), created)
+    from rayline.serve.oip import OIP_APP, ensure_oip_app
+
+    if ensure_oip_app():  # the Open Inference Protocol at /v2, one app for every model on this Serve
+        created.append(OIP_APP)
     _settle(table)
     url = address.url(route, host)
     return Rollout(name, route, table["champion"], table["canary"], weights, f"{message} ({url})", created, url)
