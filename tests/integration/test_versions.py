@@ -1,0 +1,306 @@
+"""Model versions in production, on the session's real Ray Serve and MLflow:
+
+- every deployed version answers at ROUTE/v/N (Serve routes the longest matching prefix), the
+  route follows the split and says which version answered (x-rayline-version);
+- under a steady load, deploy canary -> promote -> rollback with zero failed requests, each stage
+  answered by the expected versions; MLflow aliases follow;
+- the metric gate: a slow canary (p99) and a failing one (504s) lose their traffic on their own,
+  and `rayline serve status` names the limit with the numbers;
+- `rayline serve deploy|promote|rollback|remove` errors are one line, exit non-zero;
+- `version: latest` is resolved once when the app is built: a restarted replica keeps serving
+  the version the app was built with after a newer one is registered.
+
+Extra versions are registered from the digits fixture's own artifact (same model, new version
+numbers), so no second training is needed. Slow and failing versions are started with build_app's
+test-only `debug_infer_delay_s` (and a tiny `request_timeout_s` for 504s) before the rollout picks
+them up, as a team would find a regressed version: its app answers, badly.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from .conftest import PORT, ROOT
+
+BASE = f"http://127.0.0.1:{PORT}"
+ROUTE = "/digits"
+URL = BASE + ROUTE
+CT = {"content-type": "application/json"}
+
+
+def _register_copy(ws, name, version):
+    """A new version of `name` holding version `version`'s artifact."""
+    from rayline.registry import Registry
+
+    client = Registry(ws).client
+    mv = client.get_model_version(name, version)
+    return str(client.create_model_version(name, mv.source, mv.run_id, tags=mv.tags).version)
+
+
+@pytest.fixture(scope="module")
+def setup(digits, ws):
+    from rayline.serve import versions
+    from rayline.spec import ServeSpec
+
+    rollout = versions.deploy("digits", digits.version, ws=ws, serve_spec=ServeSpec(route=ROUTE), port=PORT)
+    assert rollout.champion == digits.version and rollout.url == URL
+    features = [f["name"] for f in httpx.get(f"{URL}/v/{digits.version}/metadata", timeout=30).json()["features"]]
+    from sklearn.datasets import load_digits
+
+    rows = [dict(zip(features, map(float, r))) for r in load_digits().data[:2]]
+    return {"v1": digits.version, "body": json.dumps({"instances": rows}).encode()}
+
+
+def _post(client, url, body):
+    return client.post(url, content=body, headers=CT)
+
+
+def _wait_health(url, timeout_s=90):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{url} did not answer within {timeout_s}s")
+
+
+def _start_version_app(ws, version, **settings):
+    """Version `version`'s application as the rollout would start it, but with test-only settings."""
+    from ray import serve
+
+    from rayline.serve.app import build_app
+
+    args = {"name": "digits", "version": version, "workspace": str(ws.root), "framework": "torch", **settings}
+    serve.run(build_app(args), name=f"digits-v{version}", route_prefix=f"{ROUTE}/v/{version}", blocking=False)
+    _wait_health(f"{URL}/v/{version}")
+
+
+def _cli(*args, timeout=120):
+    import ray
+
+    env = {**os.environ, "COLUMNS": "250"}
+    env.pop("RAYLINE_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "rayline.cli", "serve", *args, "--address",
+                           ray.get_runtime_context().gcs_address],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+def _one_line_error(proc, *needles):
+    assert proc.returncode != 0, proc.stdout
+    err = proc.stderr.strip()
+    assert "Traceback" not in err, err
+    last = err.splitlines()[-1]  # before it only Ray's own "Connecting to existing Ray cluster" INFO lines
+    assert last.startswith("error: ") and all("error" not in l for l in err.splitlines()[:-1]), err
+    for needle in needles:
+        assert needle in last, err
+
+
+# ---------------------------------------------------------------- addressing
+
+
+def test_each_version_has_its_own_route_and_the_route_says_who_answered(setup):
+    v1, body = setup["v1"], setup["body"]
+    with httpx.Client(timeout=30) as c:
+        direct = _post(c, f"{URL}/v/{v1}/predict", body)
+        routed = _post(c, f"{URL}/predict", body)
+        missing = _post(c, f"{URL}/v/999/predict", body)
+        meta = c.get(f"{URL}/metadata")
+    assert direct.status_code == 200 and direct.json()["version"] == v1
+    assert "x-rayline-version" not in direct.headers  # no hop: Serve sent it straight to digits-v{v1}
+    assert routed.status_code == 200 and routed.headers["x-rayline-version"] == v1 and routed.json()["version"] == v1
+    assert routed.json()["predictions"] == direct.json()["predictions"]
+    assert missing.status_code == 404 and missing.json()["detail"] == (
+        f"version 999 of model digits is not deployed (got 999; allowed: {v1})")
+    assert meta.status_code == 200 and meta.json()["version"] == v1 and meta.headers["x-rayline-version"] == v1
+
+
+# ---------------------------------------------------------------- zero failed requests
+
+
+def test_canary_promote_rollback_under_load_fail_no_request(setup, ws):
+    """4 threads post continuously to ROUTE/predict while a canary is deployed, promoted and rolled
+    back; every response must be a 200 from the versions the stage allows."""
+    from rayline.registry import Registry
+    from rayline.serve import versions
+
+    v1, body = setup["v1"], setup["body"]
+    v2 = _register_copy(ws, "digits", v1)
+    phase, stop, seen = ["champion"], threading.Event(), []
+
+    def load():
+        with httpx.Client(timeout=30) as c:
+            while not stop.is_set():
+                stage = phase[0]
+                try:
+                    r = _post(c, f"{URL}/predict", body)
+                    seen.append((stage, r.status_code, r.headers.get("x-rayline-version")))
+                except httpx.HTTPError as exc:
+                    seen.append((stage, type(exc).__name__, None))
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(2)
+        registry = Registry(ws)
+        steps = [("canary", lambda: versions.deploy("digits", v2, ws=ws, canary_percent=30, port=PORT)),
+                 ("promoted", lambda: versions.promote("digits", ws=ws)),
+                 ("rolled back", lambda: versions.rollback("digits", ws=ws))]
+        aliases = {}
+        for stage, action in steps:
+            phase[0] = f"during {stage}"
+            action()
+            phase[0] = stage
+            aliases[stage] = (registry.alias_version("digits", "champion"), registry.alias_version("digits", "canary"))
+            time.sleep(3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    by_stage = {}
+    for stage, status, version in seen:
+        by_stage.setdefault(stage, Counter())[(status, version)] += 1
+    failed = [s for s in seen if s[1] != 200]
+    assert not failed, (len(failed), len(seen), by_stage)
+    print(f"\nzero-failure rollout: {len(seen)} requests, all 200: {dict(by_stage)}")
+    versions_in = {stage: {v for (_, v) in c} for stage, c in by_stage.items()}
+    assert versions_in["champion"] == {v1}
+    assert versions_in["canary"] == {v1, v2}
+    assert versions_in["promoted"] == {v2}
+    assert versions_in["rolled back"] == {v1}
+    assert aliases == {"canary": (v1, v2), "promoted": (v2, None), "rolled back": (v1, None)}
+    assert sum(by_stage["canary"].values()) >= 20
+
+    # v2 holds no traffic now: it can be retired; the champion cannot.
+    _one_line_error(_cli("remove", "digits", "--version", v1, "-w", str(ws.root)), f"version {v1} is the champion")
+    proc = _cli("remove", "digits", "--version", v2, "-w", str(ws.root))
+    assert proc.returncode == 0 and f"version {v2} removed" in proc.stdout, proc.stderr
+    assert _post(httpx, f"{URL}/v/{v2}/predict", body).status_code == 404
+
+
+# ---------------------------------------------------------------- the metric gate
+
+
+def _drive(body, n, threads=4):
+    """n requests to ROUTE/predict from `threads` threads; [(status, version)] in completion order."""
+    out, lock = [], threading.Lock()
+
+    def worker(k):
+        with httpx.Client(timeout=30) as c:
+            for _ in range(k):
+                r = _post(c, f"{URL}/predict", body)
+                with lock:
+                    out.append((r.status_code, r.headers.get("x-rayline-version")))
+
+    pool = [threading.Thread(target=worker, args=(n // threads,)) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(120)
+    return out
+
+
+def test_slow_canary_is_rolled_back_by_p99_and_status_says_why(setup, ws):
+    from rayline.registry import Registry
+    from rayline.serve import versions
+
+    v1, body = setup["v1"], setup["body"]
+    v3 = _register_copy(ws, "digits", v1)
+    _start_version_app(ws, v3, debug_infer_delay_s=0.25)  # the regressed version: 250 ms a request
+    versions.deploy("digits", v3, ws=ws, canary_percent=50,
+                    gate={"max_error_rate": None, "max_p99_ms": 150, "min_requests": 8}, port=PORT)
+    out = _drive(body, 80)
+    assert all(status == 200 for status, _ in out)
+    canary_seen = [i for i, (_, v) in enumerate(out) if v == v3]
+    assert 8 <= len(canary_seen) < 40, Counter(v for _, v in out)  # tripped after min_requests, not at the end
+    tail = [v for _, v in out[canary_seen[-1] + 1:]]
+    assert len(tail) >= 20 and set(tail) == {v1}, Counter(tail)  # the champion has it all again
+    routing = httpx.get(f"{URL}/-/routing", timeout=10).json()
+    assert routing["tripped"]["limit"] == "max_p99_ms" and routing["effective_weights"] == {v1: 100}
+
+    proc = _cli("status", "digits", "-w", str(ws.root))
+    assert proc.returncode == 0, proc.stderr
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("digits:"))
+    assert f"version {v1} champion 100%" in line
+    assert f"canary version {v3} rolled back automatically at" in line
+    assert "max_p99_ms (p99 " in line and "> max_p99_ms 150 over " in line
+    assert Registry(ws).alias_version("digits", "canary") is None  # status (with the workspace) recorded it
+    _one_line_error(_cli("promote", "digits", "-w", str(ws.root)), "no canary to promote",
+                    f"version {v3} was rolled back by the gate")
+    versions.remove("digits", v3, ws=ws)
+
+
+def test_failing_canary_is_rolled_back_by_error_rate(setup, ws):
+    from rayline.serve import versions
+    from rayline.serve.status import gather_status
+
+    v1, body = setup["v1"], setup["body"]
+    v4 = _register_copy(ws, "digits", v1)
+    # Every predict of this version is a 504 (a 5xx: the version's fault, not the client's).
+    _start_version_app(ws, v4, debug_infer_delay_s=0.05, request_timeout_s=0.01)
+    versions.deploy("digits", v4, ws=ws, canary_percent=50,
+                    gate={"max_error_rate": 0.2, "max_p99_ms": None, "min_requests": 10}, port=PORT)
+    out = _drive(body, 80)
+    codes = Counter(out)
+    assert set(codes) <= {(200, v1), (504, v4)}, codes
+    assert 10 <= codes[(504, v4)] < 40, codes
+    assert out[-20:] == [(200, v1)] * 20
+    (app,) = gather_status("digits", with_metrics=False, ws=ws).applications
+    gone = app.rollout["rolled_back"]
+    assert gone["limit"] == "max_error_rate" and gone["version"] == v4
+    assert gone["detail"].startswith("error rate 1 > max_error_rate 0.2 over ")
+    assert app.rollout["weights"] == {v1: 100} and app.rollout["canary"] is None
+    versions.remove("digits", v4, ws=ws)
+
+
+# ---------------------------------------------------------------- CLI errors
+
+
+def test_rollout_cli_errors_are_one_line(setup, ws):
+    w = ["-w", str(ws.root)]
+    _one_line_error(_cli("deploy", "digits", "--version", "99999", *w), "version 99999", "not found")
+    _one_line_error(_cli("deploy", "nosuchmodel", "--version", "1", *w), "nosuchmodel")
+    _one_line_error(_cli("rollback", "nosuchmodel", *w), "model nosuchmodel: no rollout is served on this cluster")
+
+
+# ---------------------------------------------------------------- version: latest
+
+
+def test_latest_is_resolved_once_when_the_app_is_built(setup, ws):
+    """A replica that restarts after a newer version was registered still serves the app's version."""
+    import ray
+    from ray import serve
+
+    from rayline.registry import Registry
+    from rayline.serve.app import build_app
+
+    built = Registry(ws).resolve("digits").version
+    args = {"name": "digits", "version": "latest", "workspace": str(ws.root), "framework": "torch"}
+    serve.run(build_app(args), name="digits-latest", route_prefix="/digits-latest", blocking=False)
+    url = f"{BASE}/digits-latest"
+    _wait_health(url)
+    assert httpx.get(f"{url}/metadata", timeout=30).json()["version"] == built
+    newer = _register_copy(ws, "digits", built)
+    assert Registry(ws).resolve("digits").version == newer
+    (replica,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if "digits-latest" in a["name"]]
+    ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # Serve replaces the dead replica
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "digits-latest" in a["name"]]
+        if names and names != [replica["name"]]:
+            break
+        time.sleep(0.3)
+    _wait_health(url)
+    versions_seen = {httpx.get(f"{url}/metadata", timeout=30).json()["version"] for _ in range(5)}
+    assert versions_seen == {built}
+    serve.delete("digits-latest")
