@@ -36,6 +36,8 @@ OUTPUT_SUFFIXES = (".parquet", ".pq")
 BATCH_ROWS = 8192
 # Rows per Parquet row group in the output (and per driver-side batch).
 WRITE_ROWS = 65536
+# A row-group read is mostly decoding: a quarter CPU each, so reads fit beside served models.
+ROW_GROUP_READ_CPUS = 0.25
 # Object store memory Ray Data may fill with blocks in flight (read ahead, scored, not yet written).
 OBJECT_STORE_BUDGET = 512 * 2**20
 
@@ -54,19 +56,20 @@ class ScoreResult:
         return self.rows / self.seconds if self.seconds > 0 else float("nan")
 
 
-def plan_scorers(available_cpus: float) -> tuple[int, float]:
+def plan_scorers(available_cpus: float, read_cpus: float = 1.0) -> tuple[int, float]:
     """(most scoring actors, CPUs each) for the free logical CPUs of the cluster.
 
-    Ray Data's read tasks take 1 CPU each, so one CPU stays for reading; the actors share
-    the rest (a fraction of a CPU each when less than one is left, as on a 2-CPU machine that
-    also serves a model). Less than 1.1 free CPUs: a ResourceError now instead of a job
-    that would wait forever for a CPU.
+    `read_cpus` stay for Ray Data's read tasks (1 for its CSV/JSON readers, 0.25 for rayline's
+    Parquet row-group reads); the actors share the rest (a fraction of a CPU each when less
+    than one is left, as on a 2-CPU machine that also serves models). Too few free CPUs: a
+    ResourceError now, before anything runs, instead of a job waiting forever for a CPU.
     """
-    if available_cpus < 1.1:
-        raise ResourceError(f"batch scoring: needs at least 1.1 free logical CPUs, 1 to read and some to score "
-                            f"(got {available_cpus:g} free; allowed: free CPUs, e.g. `rayline serve` fewer replicas, "
-                            "or a cluster in RAY_ADDRESS)")
-    rest = available_cpus - 1.0
+    needed = read_cpus + 0.1
+    if available_cpus < needed - 1e-9:
+        raise ResourceError(f"batch scoring: needs at least {needed:g} free logical CPUs, {read_cpus:g} to read and "
+                            f"some to score (got {available_cpus:g} free; allowed: free CPUs, e.g. delete Serve apps "
+                            "or use fewer replicas, or a cluster in RAY_ADDRESS)")
+    rest = available_cpus - read_cpus
     if rest < 2.0:
         return 1, round(min(1.0, rest), 2)
     return min(int(rest), 8), 1.0
@@ -216,6 +219,7 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
     # Columns checked before Ray starts, from Parquet's footer or a bounded sample of the first file.
     from rayline.data.sources import is_uri, source_schema
 
+    schema = None
     if not is_uri(files[0]):
         try:
             schema = source_schema(_Source(fmt, str(input_path)))
@@ -249,16 +253,16 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
         # budget keeps memory flat whatever the input's size.
         ctx.execution_options.resource_limits = saved_limits.copy(object_store_memory=OBJECT_STORE_BUDGET)
         try:
+            row_groups = fmt == "parquet" and not any(is_uri(f) for f in files) and schema is not None
+            read_cpus = ROW_GROUP_READ_CPUS if row_groups else 1.0
+            # Planned before anything runs: Ray Data waits forever for a CPU that never frees.
+            workers, cpus = plan_scorers(_free_cpus(read_cpus + 0.1), read_cpus)
             try:
-                if fmt == "parquet" and not any(is_uri(f) for f in files):
-                    ds = _read_row_groups(files)
-                else:
-                    ds = read_dataset(_Source(fmt, str(input_path)))
+                ds = _read_row_groups(files) if row_groups else read_dataset(_Source(fmt, str(input_path)))
             except DataError as exc:
                 raise DataError(str(exc).replace("data.source.path", "--input", 1)) from exc
-            names = list(ds.schema().names)
+            names = list(schema.names) if row_groups else list(ds.schema().names)
             kept = _check_columns(names, features, keep, where, out_columns)
-            workers, cpus = plan_scorers(_free_cpus())
             scored = ds.map_batches(
                 _Scorer, batch_size=BATCH_ROWS, batch_format="pandas", num_cpus=cpus,
                 compute=ray.data.ActorPoolStrategy(min_size=1, max_size=workers),
@@ -318,12 +322,12 @@ def _read_row_groups(files: list[str]):
     if not pieces:
         raise DataError(f"--input: holds no rows (got {len(files)} Parquet file(s) without row groups)")
     return ray.data.from_items(pieces, override_num_blocks=len(pieces)).map_batches(
-        _row_group_table, batch_size=1, batch_format="numpy", num_cpus=0.5)
+        _row_group_table, batch_size=1, batch_format="numpy", num_cpus=ROW_GROUP_READ_CPUS)
 
 
-def _free_cpus(needed: float = 1.1, wait_s: float = 10.0) -> float:
-    """Free logical CPUs, waiting up to `wait_s` for `needed`: the schema read just before holds
-    one for a moment (an embedded 2-CPU Ray once showed 1 free right after it)."""
+def _free_cpus(needed: float, wait_s: float = 10.0) -> float:
+    """Free logical CPUs, waiting up to `wait_s` for `needed`: a Ray just started, or a task just
+    finished, may not show all its CPUs yet (an embedded 2-CPU Ray once showed 1 free)."""
     import ray
 
     deadline = time.monotonic() + wait_s

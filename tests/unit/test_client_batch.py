@@ -7,21 +7,25 @@ from rayline.batch import _check_columns, input_files, plan_scorers
 from rayline.errors import DataError, ResourceError
 
 
-@pytest.mark.parametrize("free, expected", [
-    (2.0, (1, 1.0)),      # an embedded Ray on 2 cores: 1 CPU reads, 1 scores
-    (1.75, (1, 0.75)),    # beside a served model's 0.25-CPU replica
-    (1.1, (1, 0.1)),
-    (4.0, (3, 1.0)),
-    (64.0, (8, 1.0)),     # at most 8 actors: each holds a model copy
+@pytest.mark.parametrize("free, read, expected", [
+    (2.0, 1.0, (1, 1.0)),      # an embedded Ray on 2 cores, CSV: 1 CPU reads, 1 scores
+    (1.75, 1.0, (1, 0.75)),    # beside a served model's 0.25-CPU replica
+    (1.1, 1.0, (1, 0.1)),
+    (1.0, 0.25, (1, 0.75)),    # Parquet row groups read with a quarter CPU
+    (0.35, 0.25, (1, 0.1)),
+    (4.0, 1.0, (3, 1.0)),
+    (64.0, 1.0, (8, 1.0)),     # at most 8 actors: each holds a model copy
 ])
-def test_plan_scorers(free, expected):
-    assert plan_scorers(free) == expected
+def test_plan_scorers(free, read, expected):
+    assert plan_scorers(free, read) == expected
 
 
 def test_plan_scorers_fails_fast_without_a_cpu_to_read_and_score():
     with pytest.raises(ResourceError, match=r"^batch scoring: needs at least 1.1 free logical CPUs, 1 to read and some "
                                             r"to score \(got 0.5 free; allowed: "):
         plan_scorers(0.5)
+    with pytest.raises(ResourceError, match=r"needs at least 0.35 free logical CPUs, 0.25 to read"):
+        plan_scorers(0.2, 0.25)
 
 
 def test_input_files(tmp_path):
