@@ -237,7 +237,7 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
     try:
         import ray.data
 
-        from rayline.data.sources import read_dataset, unwrap_data_error
+        from rayline.data.sources import read_dataset
 
         # Output rows in input order: preserve_order, and Ray Data's V1 Parquet reader. Ray 2.60's
         # DataSourceV2 reader (the default) does not keep a file's row groups in order even with
@@ -270,7 +270,7 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
                                        "tracking_uri": ws.tracking_uri_override, "probabilities": probabilities,
                                        "keep": kept})
             total = _parquet_rows(files) if fmt == "parquet" else None
-            rows = _write(scored, tmp, total, progress, unwrap_data_error)
+            rows = _write(scored, tmp, total, progress, _unwrap)
         finally:
             ctx.execution_options.preserve_order, ctx.use_datasource_v2 = saved_order, saved_v2
             ctx.execution_options.resource_limits = saved_limits
@@ -282,9 +282,7 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
             pass
         if isinstance(exc, (RaylineError, KeyboardInterrupt)) or not _is_ray_error(exc):
             raise
-        from rayline.data.sources import unwrap_data_error
-
-        raise unwrap_data_error(exc, _Source(fmt, str(input_path))) from exc
+        raise _unwrap(exc, _Source(fmt, str(input_path))) from exc
     finally:
         connection.shutdown()
     return ScoreResult(output=str(out), rows=rows, seconds=time.monotonic() - started, model=name,
@@ -336,6 +334,22 @@ def _free_cpus(needed: float, wait_s: float = 10.0) -> float:
         if free >= needed or time.monotonic() >= deadline:
             return free
         time.sleep(0.2)
+
+
+def _unwrap(exc: BaseException, source=None) -> DataError:
+    """The DataError a scoring or read task raised, through Ray Data's UserCodeException ("UDF
+    failed to process a data block") and Ray's RayTaskError, else `unwrap_data_error`'s line."""
+    from rayline.data.sources import unwrap_data_error
+
+    seen, marker = [exc], "rayline.errors.DataError: "
+    while seen:
+        err = seen.pop()
+        if isinstance(err, DataError) and not type(err).__name__.startswith("RayTaskError"):
+            return DataError(str(err).splitlines()[0])
+        if marker in str(err):
+            return DataError(str(err).split(marker, 1)[1].strip().splitlines()[0])
+        seen += [e for e in (getattr(err, "cause", None), err.__cause__, err.__context__) if isinstance(e, BaseException)]
+    return unwrap_data_error(exc, source)
 
 
 def _is_ray_error(exc: BaseException) -> bool:
