@@ -1,0 +1,149 @@
+"""Batch scoring (`rayline predict NAME --input DATA --output OUT.parquet`, rayline/batch.py) of the
+session's digits model: 20,000 rows in 5 row groups, scored in process on the session Ray
+(equal to the offline Predictor for every row and to the served endpoint for a sample, rows in
+input order, the `id` column kept to join on), one real CLI run in a subprocess (its own
+embedded Ray), and the errors: one line, non-zero exit, no traceback, no output left behind."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from .conftest import ROOT, ensure_served
+
+ROWS = 20_000
+
+
+@pytest.fixture(scope="module")
+def frame():
+    from sklearn.datasets import load_digits
+
+    digits = load_digits(as_frame=True).frame.drop(columns="target")
+    rng = np.random.default_rng(0)
+    data = digits.iloc[rng.integers(0, len(digits), ROWS)].reset_index(drop=True)
+    data = data + rng.normal(0.0, 0.5, data.shape)  # not only the training images
+    data.insert(0, "id", np.arange(ROWS, dtype=np.int64) * 7 + 3)  # not the row number: a real key
+    return data
+
+
+@pytest.fixture(scope="module")
+def data_file(frame, tmp_path_factory):
+    path = tmp_path_factory.mktemp("batch") / "rows.parquet"
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path, row_group_size=4_000)
+    assert pq.ParquetFile(path).num_row_groups == 5
+    return path
+
+
+@pytest.fixture(scope="module")
+def predictor(digits, ws):
+    import rayline
+
+    return rayline.load_model("digits", digits.version, workspace=str(ws.root))
+
+
+def _cli(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "rayline.cli", "predict", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+                                                          "COLUMNS": "1000"})
+
+
+def _one_line_error(proc, code, *parts):
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for part in parts:
+        assert part in lines[0], lines[0]
+
+
+def test_in_process_scoring_equals_the_predictor_for_every_row_and_the_endpoint_for_a_sample(
+        digits, ws, frame, data_file, predictor, tmp_path):
+    import rayline
+    from rayline.batch import score
+
+    out = tmp_path / "scores.parquet"
+    seen = []
+    result = score("digits", str(data_file), str(out), version=digits.version, workspace=ws, probabilities=True,
+                   keep=["id"], progress=lambda rows, total: seen.append((rows, total)))
+    labels = [str(c) for c in predictor.preprocessing.label.classes]
+    scored = pq.read_table(out).to_pandas()
+    assert result.rows == ROWS and len(scored) == ROWS and result.version == digits.version
+    assert list(scored.columns) == ["id", "prediction"] + [f"probability_{c}" for c in labels]
+    assert scored["id"].tolist() == frame["id"].tolist()  # input order kept; `id` to join on as well
+    assert seen[-1] == (ROWS, ROWS)
+    features = frame.drop(columns="id")
+    offline = predictor.predict(features, probabilities=True)
+    assert scored["prediction"].tolist() == offline["predictions"]
+    expected = np.array([[row[c] for c in labels] for row in offline["probabilities"]])
+    assert np.array_equal(scored[[f"probability_{c}" for c in labels]].to_numpy(), expected)
+    sample = np.random.default_rng(1).choice(ROWS, 300, replace=False)
+    with rayline.Client(ensure_served(digits, ws)) as client:
+        online = client.predict(features.iloc[sample], probabilities=True)
+    assert online["prediction"].tolist() == scored["prediction"].iloc[sample].tolist()
+    assert np.array_equal(online.drop(columns="prediction").to_numpy(),
+                          scored.iloc[sample][[f"probability_{c}" for c in labels]].to_numpy())
+    assert sorted(os.listdir(tmp_path)) == ["scores.parquet"]
+
+
+def test_a_failure_mid_dataset_leaves_no_output_and_keeps_an_existing_one(digits, ws, frame, tmp_path):
+    from rayline.batch import score
+    from rayline.errors import DataError
+
+    (tmp_path / "in").mkdir()
+    good = frame.head(3_000)
+    bad = frame.iloc[3_000:4_000].copy()
+    bad.iloc[500, bad.columns.get_loc("pixel_3_4")] = np.nan  # digits imputes nothing
+    good.to_parquet(tmp_path / "in" / "a.parquet", index=False)
+    bad.to_parquet(tmp_path / "in" / "b.parquet", index=False)
+    out = tmp_path / "scores.parquet"
+    out.write_bytes(b"an earlier result")
+    with pytest.raises(DataError) as info:
+        score("digits", str(tmp_path / "in"), str(out), workspace=ws)
+    assert str(info.value) == (f"--input: column(s) ['pixel_3_4'] hold missing values and model digits v{digits.version} "
+                               "imputes none of them (allowed: a value in every row of these columns)")
+    assert out.read_bytes() == b"an earlier result"
+    assert sorted(os.listdir(tmp_path)) == ["in", "scores.parquet"]  # no .partial file left
+
+
+def test_cli_scores_a_directory_in_a_subprocess_with_progress_lines(digits, ws, frame, tmp_path):
+    (tmp_path / "in").mkdir()
+    for i in range(2):
+        frame.iloc[i * 1_000:(i + 1) * 1_000].to_csv(tmp_path / "in" / f"part-{i}.csv", index=False)
+    out = tmp_path / "scores.parquet"
+    proc = _cli("digits", "--input", str(tmp_path / "in"), "--output", str(out), "-w", str(ws.root))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"wrote 2,000 rows to {out} (model digits v{digits.version}; "), proc.stdout
+    assert "scored 2,000 rows" in proc.stderr and "Traceback" not in proc.stderr  # plain lines: not a terminal
+    scored = pq.read_table(out).to_pandas()
+    assert list(scored.columns) == list(frame.columns) + ["prediction"]  # every input column by default
+    assert scored["id"].tolist() == frame["id"].head(2_000).tolist()
+
+
+@pytest.mark.parametrize("case", ["missing input", "unknown model", "unknown version", "missing column",
+                                  "missing keep column", "bad output"])
+def test_errors_are_one_line_with_no_output(digits, ws, frame, data_file, tmp_path, case):
+    out = tmp_path / "scores.parquet"
+    args = {"missing input": ["digits", "--input", str(tmp_path / "nope.parquet")],
+            "unknown model": ["no-such-model", "--input", str(data_file)],
+            "unknown version": ["digits", "--version", "999", "--input", str(data_file)],
+            "missing column": ["digits", "--input", str(tmp_path / "short.parquet")],
+            "missing keep column": ["digits", "--input", str(data_file), "--keep", "row_id"],
+            "bad output": ["digits", "--input", str(data_file)]}[case]
+    expected = {"missing input": (2, f"error: --input: no such file or directory (got '{tmp_path / 'nope.parquet'}')"),
+                "unknown model": (1, "error: model 'no-such-model': no registered versions in "),
+                "unknown version": (1, "error: model 'digits' version 999: not found in "),
+                "missing column": (2, f"error: --input: missing feature column 'pixel_7_7' that model 'digits' "
+                                      f"v{digits.version} needs (got columns: id, pixel_0_0, "),
+                "missing keep column": (2, "error: --keep: no such input column 'row_id' (allowed: id, pixel_0_0, "),
+                "bad output": (2, "error: --output: batch scoring writes Parquet (got ")}[case]
+    if case == "missing column":
+        frame.head(10).drop(columns="pixel_7_7").to_parquet(tmp_path / "short.parquet", index=False)
+    target = str(tmp_path / "scores.csv") if case == "bad output" else str(out)
+    proc = _cli(*args, "--output", target, "-w", str(ws.root), timeout=60)
+    _one_line_error(proc, expected[0], expected[1])
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(("scores", ".scores"))]
