@@ -249,7 +249,7 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
     return Connection(address=None, embedded=True, owned=True)
 
 
-def pin_state_api() -> int:
+def pin_state_api(preferred: int | None = 8265) -> int:
     """The dashboard port for a Ray started in this process (8265 when free), named as the state
     API's address in this process's environment, which the raylet and every worker inherit.
 
@@ -259,8 +259,10 @@ def pin_state_api() -> int:
     it raises "Found multiple active Ray instances", the placement groups are never removed, and
     their CPUs stay held: serving after the sweep then waited for CPUs that never came (measured:
     0.04 of 2 CPUs free minutes after a 2-trial digits sweep). RAY_API_SERVER_ADDRESS is the first
-    thing the state API reads (ray/dashboard/utils.py get_address_for_submission_client)."""
-    port = free_port("127.0.0.1", 8265)
+    thing the state API reads (ray/dashboard/utils.py get_address_for_submission_client).
+    `preferred=None`: any free port (the OS picks among thousands), for processes that start Rays
+    side by side, where two of them could both find 8265 free before either binds it."""
+    port = free_port("127.0.0.1", preferred)
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
     return port
 

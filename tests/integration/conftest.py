@@ -43,7 +43,7 @@ def ray_session():
     # machine recorded in /tmp/ray/ray_current_cluster (ray.init() would join that one).
     from rayline.cluster import pin_state_api
 
-    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=pin_state_api(), log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=pin_state_api(None), log_to_driver=False,
              namespace="rayline-tests")
     # HAProxy's state dir and stats/metrics ports are this Ray's own, and its raylet has them now.
     # Left in os.environ they would pass for a user's settings to every Ray a later test starts
