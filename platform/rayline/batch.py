@@ -210,6 +210,8 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
     fmt, files = input_files(str(input_path))
     ws = workspace if isinstance(workspace, Workspace) else make_workspace(workspace)
     registry = Registry(ws)
+    if version is None:  # what production serves: the champion alias, else the newest version
+        version = registry.alias_version(name, "champion")
     mv = registry.resolve(name, version)  # RegistryError names an unknown model or version
     predictor_meta = _model_meta(registry, mv)
     features, task, classes = predictor_meta
@@ -360,16 +362,19 @@ def _model_meta(registry, mv) -> tuple[list[str], str, list]:
     """(feature names, task, class labels) of a version, from its artifact's preprocessing.json."""
     import json
 
-    from rayline.model import META_FILE, PREPROCESSING_FILE
+    from rayline.model import META_FILE, PREPROCESSING_FILE, artifact_root
 
-    root = Path(registry.download(mv))
-    # The files sit at the root (older versions) or under the MLflow pyfunc model's artifacts/:
-    # found by name, so the driver never imports the model's framework (the actors load it).
-    meta = next(iter(sorted(root.rglob(META_FILE), key=lambda p: len(p.parts))), None)
-    if meta is None or not (meta.parent / PREPROCESSING_FILE).is_file():
-        raise RegistryError(f"model {mv.name!r} version {mv.version}: not a rayline model (no {META_FILE} with "
-                            f"{PREPROCESSING_FILE} in {root})")
-    with open(meta.parent / PREPROCESSING_FILE) as fh:
+    # The files sit at the root (older versions) or under the MLflow pyfunc model's artifacts/;
+    # read as JSON, so the driver never imports the model's framework (the actors load it).
+    try:
+        root = Path(artifact_root(registry.download(mv)))
+    except DataError as exc:
+        raise RegistryError(f"model {mv.name!r} version {mv.version}: {exc}") from exc
+    meta = root / META_FILE
+    if not (root / PREPROCESSING_FILE).is_file():
+        raise RegistryError(f"model {mv.name!r} version {mv.version}: not a rayline model (no {PREPROCESSING_FILE} "
+                            f"in {root})")
+    with open(root / PREPROCESSING_FILE) as fh:
         prep = json.load(fh)
     with open(meta) as fh:
         task = json.load(fh)["task"]

@@ -230,7 +230,7 @@ def predict(
     probabilities: bool = typer.Option(False, "--probabilities", help="Also return class probabilities."),
     output: str = typer.Option("table", "--output", "-o", help="table | json: print the answer; any other value is a file "
                                "to write the predictions to (online: .parquet, .csv, .json/.jsonl; offline: .parquet)."),
-    version: Optional[str] = typer.Option(None, "--version", help="With a NAME: the registered version (default: newest). "
+    version: Optional[str] = typer.Option(None, "--version", help="With a NAME: the registered version (default: the champion alias, else the newest). "
                                           "With a route or URL: ask that deployed version (ROUTE/v/N)."),
     keep: Optional[List[str]] = typer.Option(None, "--keep", help="Input column copied into an output file, e.g. an id "
                                              "(repeat for several; default: every input column)."),

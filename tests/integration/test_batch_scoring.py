@@ -147,3 +147,25 @@ def test_errors_are_one_line_with_no_output(digits, ws, frame, data_file, tmp_pa
     proc = _cli(*args, "--output", target, "-w", str(ws.root), timeout=60)
     _one_line_error(proc, expected[0], expected[1])
     assert not [p for p in os.listdir(tmp_path) if p.startswith(("scores", ".scores"))]
+
+
+def test_without_version_scores_with_the_champion_not_the_newest(digits, ws, frame, tmp_path):
+    """What production serves is what offline scoring uses: the `champion` alias, else the newest."""
+    from types import SimpleNamespace
+
+    from rayline.batch import score
+    from rayline.model import artifact_root
+    from rayline.registry import Registry
+
+    registry = Registry(ws)
+    artifact = artifact_root(registry.download(registry.resolve("digits", digits.version)))
+    name = "digits-champion-check"
+    versions = [registry.register(registry.start_pipeline_run(SimpleNamespace(name=name), None), name, artifact,
+                                  {}, {"framework": "torch"}).version for _ in range(2)]
+    registry.set_alias(name, "champion", versions[0])
+    frame.head(200).to_parquet(tmp_path / "rows.parquet", index=False)
+    result = score(name, str(tmp_path / "rows.parquet"), str(tmp_path / "scores.parquet"), workspace=ws)
+    assert result.version == versions[0] != max(versions, key=int)
+    registry.delete_alias(name, "champion")
+    newest = score(name, str(tmp_path / "rows.parquet"), str(tmp_path / "newest.parquet"), workspace=ws)
+    assert newest.version == max(versions, key=int)
