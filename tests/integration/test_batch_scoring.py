@@ -151,16 +151,16 @@ def test_errors_are_one_line_with_no_output(digits, ws, frame, data_file, tmp_pa
 
 def test_without_version_scores_with_the_champion_not_the_newest(digits, ws, frame, tmp_path):
     """What production serves is what offline scoring uses: the `champion` alias, else the newest."""
-    from types import SimpleNamespace
-
     from rayline.batch import score
     from rayline.model import artifact_root
     from rayline.registry import Registry
+    from rayline.spec import load_spec
 
     registry = Registry(ws)
-    artifact = artifact_root(registry.download(registry.resolve("digits", digits.version)))
     name = "digits-champion-check"
-    versions = [registry.register(registry.start_pipeline_run(SimpleNamespace(name=name), None), name, artifact,
+    spec = load_spec(ROOT / "pipelines" / "digits-torch.yaml").model_copy(update={"name": name})
+    artifact = artifact_root(registry.download(registry.resolve("digits", digits.version)))
+    versions = [registry.register(registry.start_pipeline_run(spec, None), name, artifact,
                                   {}, {"framework": "torch"}).version for _ in range(2)]
     registry.set_alias(name, "champion", versions[0])
     frame.head(200).to_parquet(tmp_path / "rows.parquet", index=False)

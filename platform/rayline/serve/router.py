@@ -153,7 +153,11 @@ class Router:
         weights = self.table.effective(self.tripped)
         for v in weights:
             if v not in self.handles:
-                self.handles[v] = serve.get_deployment_handle(f"{self.name}-model", f"{self.name}-v{v}")
+                # _check_exists=False: a router may start before the versions its table names (a
+                # Serve config deploys every app at once; `deploy` starts the router early); calls
+                # then wait for the version's replicas instead of failing this replica's start.
+                self.handles[v] = serve.get_deployment_handle(f"{self.name}-model", f"{self.name}-v{v}",
+                                                              _check_exists=False)
         self._versions = list(weights)
         total, self._cumulative = 0, []
         for v in self._versions:
