@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from .conftest import ROOT, ensure_served
+from .test_predict_cli import _one_line_error
 
 ROWS = 20_000
 
@@ -52,13 +53,6 @@ def _cli(*args, timeout=180):
                                                           "COLUMNS": "1000"})
 
 
-def _one_line_error(proc, code, *parts):
-    assert proc.returncode == code, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    for part in parts:
-        assert part in lines[0], lines[0]
 
 
 def test_in_process_scoring_equals_the_predictor_for_every_row_and_the_endpoint_for_a_sample(

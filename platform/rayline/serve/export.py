@@ -142,14 +142,16 @@ def build_router_app(args: dict[str, Any]):
     name, champion = str(args["name"]), str(args["champion"])
     if not champion.isdigit():
         raise ServeError(f"build_router_app args.champion: a registered version number (got {champion!r})")
-    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    from rayline.serve.versions import _write_table
 
     raw = _internal_kv_get(routing_key(name), namespace=KV_NAMESPACE)
     old = json.loads(raw) if raw else {}
     table = {"model": name, "route": str(args["route"]), "weights": {champion: 100}, "champion": champion,
              "canary": None, "gate": None, "rollout": uuid.uuid4().hex[:12], "revision": int(old.get("revision") or 0) + 1,
              "serve": old.get("serve") or {}}
-    _internal_kv_put(routing_key(name), json.dumps(table).encode(), overwrite=True, namespace=KV_NAMESPACE)
+    _write_table(name, table)  # as `rayline serve deploy` writes it: a new rollout drops an old gate decision
     if args.get("workspace") or args.get("tracking_uri"):
         _record_champion(name, champion, args)
     return build_router(name, int(args.get("replicas_max") or 2))

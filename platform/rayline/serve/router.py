@@ -36,7 +36,7 @@ from typing import Optional
 from ray import serve
 
 __all__ = ["RoutingTable", "Router", "build_router", "routing_key", "gate_key", "KV_NAMESPACE", "VERSION_HEADER",
-           "POLL_S", "evaluate_gate"]
+           "POLL_S", "evaluate_gate", "canary_share_to_champion"]
 
 KV_NAMESPACE = "rayline"
 VERSION_HEADER = b"x-rayline-version"
@@ -73,8 +73,15 @@ class RoutingTable:
         """Weights with a tripped canary's share moved to the champion."""
         weights = dict(self.weights)
         if tripped and self.canary and tripped.get("rollout") == self.rollout and self.champion:
-            weights[self.champion] = weights.get(self.champion, 0) + weights.pop(self.canary, 0)
+            weights = canary_share_to_champion(weights, self.canary, self.champion)
         return {v: w for v, w in weights.items() if w > 0}
+
+
+def canary_share_to_champion(weights: dict, canary: str, champion: str) -> dict:
+    """`weights` with the canary's share added to the champion's and the canary gone."""
+    moved = {v: w for v, w in weights.items() if v != canary}
+    moved[champion] = moved.get(champion, 0) + weights.get(canary, 0)
+    return moved
 
 
 def evaluate_gate(gate: dict, count: int, errors: int, latencies_ms: list) -> Optional[tuple[str, str]]:

@@ -99,7 +99,7 @@ def rollout_state(name: str, ws=None) -> Optional[dict]:
     """The routers' table of `name` with the gate's decision (None when `name` has no router).
     With `ws`, a canary the gate rolled back loses its MLflow alias here (the router cannot reach
     MLflow; the decision is recorded in the KV at once and in MLflow at the next look)."""
-    from rayline.serve.router import gate_key, routing_key
+    from rayline.serve.router import canary_share_to_champion, gate_key, routing_key
 
     table = _kv_get(routing_key(name))
     if table is None:
@@ -107,9 +107,7 @@ def rollout_state(name: str, ws=None) -> Optional[dict]:
     gate = _kv_get(gate_key(name))
     if gate and gate.get("rollout") == table.get("rollout") and table.get("canary"):
         if ws is None:  # a look only: the next call with the registry records it
-            canary = table["canary"]
-            weights = {v: w for v, w in table["weights"].items() if v != canary}
-            weights[table["champion"]] = weights.get(table["champion"], 0) + table["weights"].get(canary, 0)
+            weights = canary_share_to_champion(table["weights"], table["canary"], table["champion"])
             return {**table, "weights": weights, "canary": None, "gate": None, "rolled_back": gate}
         table = _settle_trip(name, table, gate, ws)
     return table
@@ -117,9 +115,10 @@ def rollout_state(name: str, ws=None) -> Optional[dict]:
 
 def _settle_trip(name: str, table: dict, gate: dict, ws) -> dict:
     """The gate tripped: the table says so for good (canary out, decision kept under rolled_back)."""
-    canary, champion = table["canary"], table["champion"]
-    weights = {v: w for v, w in table["weights"].items() if v != canary}
-    weights[champion] = weights.get(champion, 0) + table["weights"].get(canary, 0)
+    from rayline.serve.router import canary_share_to_champion
+
+    canary = table["canary"]
+    weights = canary_share_to_champion(table["weights"], canary, table["champion"])
     table = {**table, "weights": weights, "canary": None, "gate": None, "revision": table["revision"] + 1,
              "rolled_back": gate}
     # Same rollout id: the routers already follow the decision; the gate record stays with it.
