@@ -318,13 +318,29 @@ class Registry:
             return run.info.run_id
 
     def log_trial(self, parent_run_id: str, spec_name: str, trial_id: str, overrides: dict, status: str,
-                  history: list[dict], winner: bool) -> str:
+                  history: list[dict], winner: bool, *, stop_reason: str | None = None,
+                  units_trained: int | None = None, events: list[dict] | None = None,
+                  family: str | None = None) -> str:
+        """One trial as a child run of the pipeline run: its overrides as params, its per-epoch
+        validation metrics (step = epoch), and tags the sweep report reads back:
+        rayline.stop_reason, rayline.units_trained, rayline.trial_events (JSON) and rayline.family."""
+        import json
+
+        tags = {"mlflow.parentRunId": parent_run_id, "rayline.kind": "trial", "rayline.trial_status": status,
+                "rayline.winner": str(winner).lower()}
+        if stop_reason:
+            tags["rayline.stop_reason"] = stop_reason
+        if units_trained is not None:
+            tags["rayline.units_trained"] = str(units_trained)
+        if events:
+            tags["rayline.trial_events"] = json.dumps(events, default=str)[:5000]  # MLflow's tag value limit is 8000
+        if family:
+            tags["rayline.family"] = family
         with self._guard(f"log trial {trial_id}"):
             run = self.client.create_run(
                 self._experiment_id(spec_name),
                 run_name=f"trial-{trial_id}",
-                tags={"mlflow.parentRunId": parent_run_id, "rayline.kind": "trial", "rayline.trial_status": status,
-                      "rayline.winner": str(winner).lower()},
+                tags=tags,
             )
             metrics = [(k, v, row["epoch"]) for row in history for k, v in row.items() if k != "epoch"]
             self._log(run.info.run_id, params=_flatten("", overrides, {}), metrics=metrics)

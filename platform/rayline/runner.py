@@ -269,7 +269,9 @@ def run_pipeline(
         t0 = time.monotonic()
         for trial in trials:
             registry.log_trial(run_id, spec.name, trial.trial_id, trial.overrides, trial.status,
-                               trial.result.history if trial.result else [], winner=trial.result is winner)
+                               trial.result.history if trial.result else [], winner=trial.result is winner,
+                               stop_reason=trial.stop_reason, units_trained=trial.units_trained,
+                               events=trial.events, family=trial.family)
         winning_spec = spec
         if winner.overrides:
             from rayline.spec import apply_overrides

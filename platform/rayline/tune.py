@@ -23,6 +23,7 @@ from rayline.storage import join
 from rayline.train.run import TrainResult, locate_best, train
 
 __all__ = [
+    "STOP_REASONS",
     "TrialOutcome",
     "TuneResult",
     "search_space",
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 TRIAL_DRIVER_CPUS = 0.01
 
 
+# Why a trial ended (TrialOutcome.stop_reason), for the summary, MLflow and the sweep report.
+STOP_REASONS = ("completed", "early_stopped", "time_budget", "error")
+
+
 @dataclass
 class TrialOutcome:
     trial_id: str
@@ -50,6 +55,14 @@ class TrialOutcome:
     status: str  # terminated (finished or stopped early by the scheduler) | error
     result: TrainResult | None = None
     error: str | None = None
+    # completed: trained every unit; early_stopped: the scheduler (ASHA, median stopping) cut
+    # it; time_budget: tune.time_budget_s ran out; error.
+    stop_reason: str = "completed"
+    units_trained: int | None = None  # epochs (boosting rounds for xgboost) it trained
+    # The scheduler's decisions about this trial, in order, e.g. PBT's
+    # {"unit": 4, "kind": "exploit", "from_trial": "ab12_00001", "config": {path: value}}.
+    events: list[dict] = field(default_factory=list)
+    family: str | None = None  # "torch/mlp", "xgboost/gbdt": which model family it trained
 
 
 @dataclass
