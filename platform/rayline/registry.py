@@ -55,11 +55,15 @@ class ModelVersion:
 
 
 def _flatten(prefix: str, value, out: dict) -> dict:
+    """Nested mappings as MLflow params: dotted keys; a list item's `[i]` (tuned preprocessing
+    paths such as data.preprocess[0].impute.strategy) as `.i`, since MLflow keys take only
+    alphanumerics, `_-. :/`."""
     if isinstance(value, dict):
         for k, v in value.items():
             _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
     else:
-        out[prefix] = json.dumps(value) if isinstance(value, (list, tuple)) else value
+        key = re.sub(r"[^\w\-. :/]", "_", re.sub(r"\[(\d+)\]", r".\1", prefix))
+        out[key] = json.dumps(value) if isinstance(value, (list, tuple)) else value
     return out
 
 
@@ -347,6 +351,17 @@ class Registry:
             self.client.set_terminated(run.info.run_id,
                        status="FINISHED" if status != "error" else "FAILED")
             return run.info.run_id
+
+    def log_leaderboard(self, run_id: str, metric: str, rows: list) -> None:
+        """The sweep's best trial per model family on the pipeline run: a metric per family
+        (`best_valid_<metric>/<family>`) for MLflow's charts and comparisons, and the table as
+        `leaderboard.json` (family, trial, value, trials, overrides), best first."""
+        from dataclasses import asdict
+
+        with self._guard("log the model-family leaderboard"):
+            self._log(run_id, metrics=[(f"best_valid_{metric}/{row.family}", row.value, 0) for row in rows])
+            self.client.log_dict(run_id, {"metric": metric, "families": [asdict(row) for row in rows]},
+                                 "leaderboard.json")
 
     def _log(self, run_id: str, params: dict | None = None, metrics: list | None = None) -> None:
         from mlflow.entities import Metric, Param

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["PreparedData", "prepare_data", "FeatureInfo", "FittedPreprocessing", "LabelInfo"]
+__all__ = ["PreparedData", "prepare_data", "prepare_variants", "FeatureInfo", "FittedPreprocessing", "LabelInfo"]
 
 _HOMES = {
     "PreparedData": "rayline.data.pipeline",
     "prepare_data": "rayline.data.pipeline",
+    "prepare_variants": "rayline.data.pipeline",
     "FeatureInfo": "rayline.data.preprocess",
     "FittedPreprocessing": "rayline.data.preprocess",
     "LabelInfo": "rayline.data.preprocess",

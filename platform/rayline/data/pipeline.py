@@ -21,7 +21,7 @@ from rayline.data.steps import value_key, value_rank
 from rayline.data.sources import fingerprint, read_dataset, unwrap_data_error
 from rayline.errors import DataError
 
-__all__ = ["PreparedData", "prepare_data", "to_training_batch"]
+__all__ = ["PreparedData", "prepare_data", "prepare_variants", "to_training_batch"]
 
 
 @dataclass
@@ -60,6 +60,16 @@ def to_training_batch(preprocessing: FittedPreprocessing, batch: pd.DataFrame) -
 
 def prepare_data(spec) -> PreparedData:
     """Run the data stage for `spec` on the connected Ray cluster."""
+    return prepare_variants(spec, [spec])[0]
+
+
+def prepare_variants(spec, variants: list) -> list[PreparedData]:
+    """The data stage once per preprocessing variant: read and split once, fit and transform each.
+
+    `variants`: specs equal to `spec` but for `data.preprocess` (a whole-pipeline sweep's
+    preprocessing configurations). Every variant sees the same rows in the same splits, so
+    trials on different preprocessing compare on equal terms.
+    """
     source = spec.data.source
     ds = read_dataset(source)
     try:
@@ -106,7 +116,15 @@ def prepare_data(spec) -> PreparedData:
     else:
         (valid_raw, train_raw), test_raw = parts, None
     features = [FeatureInfo(name=c, kind=kinds[c]) for c in names]
-    fitted = fit_preprocessing(train_raw, features, label_info, spec.data.preprocess)
+    test_frame = test_raw.to_pandas() if test_raw is not None else valid_raw.to_pandas()
+    data_fingerprint = fingerprint(source)
+    return [_preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_info, variant.data.preprocess,
+                          data_fingerprint) for variant in variants]
+
+
+def _preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_info, steps, data_fingerprint) -> PreparedData:
+    """Fit `steps` on the train split and turn every split into model-ready rows."""
+    fitted = fit_preprocessing(train_raw, features, label_info, steps)
 
     to_batch = _ToTrainingBatch(fitted)
 
@@ -118,14 +136,13 @@ def prepare_data(spec) -> PreparedData:
         test = convert(test_raw) if test_raw is not None else None
     except Exception as exc:  # surface our DataError from inside Ray Data tasks
         raise _unwrap_data_error(exc) from exc
-    test_frame = test_raw.to_pandas() if test_raw is not None else valid_raw.to_pandas()
     return PreparedData(
         train=train,
         valid=valid,
         test=test,
         test_frame=test_frame,
         preprocessing=fitted,
-        fingerprint=fingerprint(source),
+        fingerprint=data_fingerprint,
         rows={"train": train.count(), "valid": valid.count(), "test": test.count() if test is not None else 0},
     )
 

@@ -564,6 +564,22 @@ class PipelineSpec(_Strict):
     tune: Optional[TuneSpec] = None
     serve: Optional[ServeSpec] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _model_from_families(cls, raw):
+        # A sweep over model families (`tune.space.model: {choice: [...]}`) need not repeat one
+        # of them as `model:`: the first family, with its fixed params, stands in until a trial
+        # picks its own.
+        if isinstance(raw, dict) and "model" not in raw:
+            space = (raw.get("tune") or {}).get("space") if isinstance(raw.get("tune"), dict) else None
+            if isinstance(space, dict):
+                from rayline.spec.pipeline_space import model_families
+
+                families = model_families(space)
+                if families:
+                    raw = {**raw, "model": families[0].model}
+        return raw
+
     @field_validator("name")
     @classmethod
     def _name(cls, v):

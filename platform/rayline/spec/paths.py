@@ -8,6 +8,7 @@ A location is a tuple of segments, as pydantic reports them: a `str` is a mappin
 from __future__ import annotations
 
 import copy
+import re
 import types
 import typing
 from typing import Any, Iterable, Union
@@ -15,7 +16,7 @@ from typing import Any, Iterable, Union
 from pydantic import BaseModel, Tag
 from pydantic.fields import FieldInfo
 
-__all__ = ["Segment", "dotted", "field_named", "unwrap", "model_members", "union_tags", "walk", "allowed_keys", "set_paths"]
+__all__ = ["Segment", "dotted", "field_named", "unwrap", "model_members", "union_tags", "walk", "allowed_keys", "parse_dotted", "set_paths"]
 
 Segment = Union[str, int]
 
@@ -154,20 +155,64 @@ def allowed_keys(root: type[BaseModel], loc: Iterable[Any]) -> list[str]:
     return list(keys)
 
 
+_INDEX_RE = re.compile(r"\[(\d+)\]")
+
+
+def parse_dotted(path: str) -> list[Segment]:
+    """`data.preprocess[0].impute.strategy` -> ["data", "preprocess", 0, "impute", "strategy"].
+
+    The inverse of `dotted` for plain keys: list items are written the way error messages
+    already write them, so a path copied from a message can be tuned or `--set`.
+    """
+    out: list[Segment] = []
+    for part in path.split("."):
+        name, _, rest = part.partition("[")
+        if name:
+            out.append(name)
+        if rest:
+            rest = "[" + rest
+            indices = _INDEX_RE.findall(rest)
+            if "".join(f"[{i}]" for i in indices) != rest:
+                out.append(part if not name else rest)  # not an index: kept as a key, reported where it is used
+                continue
+            out.extend(int(i) for i in indices)
+        elif not name:
+            out.append(part)
+    return out
+
+
 def set_paths(raw: dict, overrides: dict[str, Any]) -> None:
     """Set each dotted path of `overrides` in the raw spec mapping, creating mappings on the way.
 
-    Raises SpecProblem naming the override when a parent on the way is not a mapping.
+    `[i]` segments index an existing list item (never create one). Raises SpecProblem naming
+    the override when a parent on the way is not a mapping (or not a list, for an index).
     """
     from rayline.spec.problems import problem  # problems.py imports this module
 
     for path, value in overrides.items():
-        node = raw
-        *parents, leaf = path.split(".")
-        keys = parents + [leaf]
-        for depth, p in enumerate(parents):
-            node = node.setdefault(p, {})
+        node: Any = raw
+        keys = parse_dotted(path)
+        *parents, leaf = keys
+        for depth, p in enumerate(keys):
+            last = depth == len(keys) - 1
+            where = dotted(keys[:depth]) or "the spec"
+            if isinstance(p, int):
+                if not isinstance(node, list):
+                    raise problem((path,), f"{where} is not a list, so it has no item [{p}]", got=repr(node))
+                if p >= len(node):
+                    raise problem((path,), f"{where} has no item [{p}]", got=f"{len(node)} items",
+                                  allowed=f"[0] to [{len(node) - 1}]" if node else "none")
+                if last:
+                    node[p] = copy.deepcopy(value)
+                else:
+                    node = node[p]
+                continue
             if not isinstance(node, dict):
-                where = ".".join(keys[: depth + 1])
-                raise problem((path,), f"{where} is not a mapping, so it has no key {keys[depth + 1]!r}", got=repr(node))
-        node[leaf] = copy.deepcopy(value)
+                raise problem((path,), f"{where} is not a mapping, so it has no key {p!r}", got=repr(node))
+            if last:
+                node[p] = copy.deepcopy(value)
+            else:
+                node = node.setdefault(p, {}) if not isinstance(keys[depth + 1], int) else node.get(p)
+                if node is None:
+                    raise problem((path,), f"{dotted(keys[:depth + 1])} is not set, so it has no item [{keys[depth + 1]}]",
+                                  got="nothing")

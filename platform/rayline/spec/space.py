@@ -50,7 +50,7 @@ TUNABLE = (
 )
 
 _RESOURCES = "resources are planned once for the whole sweep; set it outside tune.space"
-_FAMILY = "one sweep trains one model family: one spec per framework"
+_FAMILY = "a sweep chooses model families with tune.space.model: {choice: [{framework: ..., kind: ..., params: ...}, ...]}"
 # Why a path that exists is not tunable: a full path, or a top-level section for all under it.
 NOT_TUNABLE = {
     "train.cpus_per_worker": _RESOURCES,
@@ -64,7 +64,8 @@ NOT_TUNABLE = {
     "model.import": _FAMILY,
     "train.metric": "every trial is ranked by the same metric; set it outside tune.space",
     "train.max_failures": "fault tolerance is set once for the whole sweep; set it outside tune.space",
-    "data": "the data is read, split and preprocessed once for the whole sweep (preprocessing is not tunable)",
+    "data": "the data is read and split once for the whole sweep, so that trials compare on the same rows "
+            "(only data.preprocess is tunable)",
     "serve": "serving settings do not change the trained model",
     "tune": "the sweep's own settings are not tunable",
     "name": "one sweep registers one model name",
@@ -148,12 +149,24 @@ def check_grid(search: str, space: dict[str, Any]) -> list[Problem]:
 
 def check_space(spec: BaseModel) -> list[Problem]:
     """Each path of `spec.tune.space` is tunable and every value it can draw is valid; absolute paths."""
+    from rayline.spec.pipeline_space import (FAMILY_KEY, check_data_path, check_families, check_variant_count,
+                                             is_data_path, model_families)
+
     problems = []
+    families = model_families(spec.tune.space)
     for path, dist in spec.tune.space.items():
+        if path == FAMILY_KEY:
+            problems.extend(check_families(spec, dist))  # a choice of model families, each with its sub-space
+            continue
+        if families and path.startswith("model."):
+            continue  # check_families says to tune it inside a family's params
+        if is_data_path(path):
+            problems.extend(check_data_path(spec, path, dist))  # a preprocessing variant per value
+            continue
         found = _path_problem(spec, path) or _value_problem(spec, path, dist)
         if found:
             problems.append(found)
-    return problems
+    return problems or check_variant_count(spec)
 
 
 def _tunable_text(spec: BaseModel) -> str:
@@ -162,7 +175,7 @@ def _tunable_text(spec: BaseModel) -> str:
         params = [f"model.params.<any parameter of {model.import_}>"]
     else:
         params = [f"model.params.{p}" for p in sorted(BACKENDS[model.framework].kinds[model.kind])]
-    return ", ".join(params + list(TUNABLE))
+    return ", ".join(params + list(TUNABLE) + ["data.preprocess[i]...", "model (a choice of model families)"])
 
 
 def _path_problem(spec: BaseModel, path: str) -> Problem | None:
