@@ -56,20 +56,22 @@ def test_model_params_of_each_built_in_kind_and_any_for_import():
 
 
 ALLOWED_TORCH = ("model.params.dropout, model.params.hidden_sizes, train.epochs, train.batch_size, train.workers, "
-                 "train.optimizer.name, train.optimizer.lr, train.optimizer.momentum, train.optimizer.weight_decay")
+                 "train.optimizer.name, train.optimizer.lr, train.optimizer.momentum, train.optimizer.weight_decay, "
+                 "data.preprocess[i]..., model (a choice of model families)")
 
 
 @pytest.mark.parametrize("path, reason", [
     ("train.cpus_per_worker", "resources are planned once for the whole sweep; set it outside tune.space"),
     ("train.use_gpu", "resources are planned once for the whole sweep"),
     ("train.use_tpu", "resources are planned once for the whole sweep"),
-    ("model.framework", "one sweep trains one model family: one spec per framework"),
-    ("model.kind", "one sweep trains one model family: one spec per framework"),
-    ("model.import", "one sweep trains one model family: one spec per framework"),
+    ("model.framework", "a sweep chooses model families with tune.space.model: {choice: ["),
+    ("model.kind", "a sweep chooses model families with tune.space.model: {choice: ["),
+    ("model.import", "a sweep chooses model families with tune.space.model: {choice: ["),
     ("train.metric", "every trial is ranked by the same metric"),
     ("train.max_failures", "fault tolerance is set once for the whole sweep"),
-    ("data.split.valid", "the data is read, split and preprocessed once for the whole sweep (preprocessing is not tunable)"),
-    ("data.preprocess", "the data is read, split and preprocessed once for the whole sweep (preprocessing is not tunable)"),
+    ("data.split.valid", "the data is read and split once for the whole sweep, so that trials compare on the same rows "
+                         "(only data.preprocess is tunable)"),
+    ("data.source.name", "the data is read and split once for the whole sweep"),
     ("serve.replicas.max", "serving settings do not change the trained model"),
     ("tune.num_samples", "the sweep's own settings are not tunable"),
     ("name", "one sweep registers one model name"),
