@@ -129,3 +129,14 @@ def test_set_reaches_list_items_as_messages_write_them():
     with pytest.raises(SpecError) as info:
         apply_overrides(spec, {"data.preprocess[7].impute.strategy": "median"})
     assert "data.preprocess has no item [7]" in str(info.value)
+
+
+def test_the_example_pipeline_search_validates_and_names_both_families():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "pipelines" / "search" / "breast-cancer-pipeline-search.yaml"
+    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "breast-cancer-search (torch/mlp or xgboost/gbdt, tune 8 trials" in proc.stdout
