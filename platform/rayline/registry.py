@@ -317,7 +317,13 @@ class Registry:
                 run_name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",
                 tags={"rayline.kind": "pipeline", "rayline.spec_path": spec_path or ""},
             )
-            params = _flatten("", spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"tune"}), {})
+            from rayline.spec.pipeline_space import model_families
+
+            # A sweep over model families has no one `model`: the trials' runs and the registered
+            # version say which family each trained.
+            families = spec.tune is not None and model_families(spec.tune.space)
+            params = _flatten("", spec.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                                  exclude={"tune", "model"} if families else {"tune"}), {})
             self._log(run.info.run_id, params=params)
             return run.info.run_id
 
