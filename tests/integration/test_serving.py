@@ -311,8 +311,10 @@ def test_schemathesis_finds_no_server_errors(endpoint):
     counts = {"requests": 0}
     failures = []
 
-    for method, path, mode, examples in [("POST", "/predict", "positive", 600), ("POST", "/predict", "negative", 600),
-                                         ("GET", "/health", "positive", 50), ("GET", "/metadata", "positive", 50)]:
+    # 650 generated requests (88 s in CI at 1,300; the suite's 30-minute budget): every run since
+    # the 5xx it once found has come back clean well before its last example.
+    for method, path, mode, examples in [("POST", "/predict", "positive", 300), ("POST", "/predict", "negative", 300),
+                                         ("GET", "/health", "positive", 25), ("GET", "/metadata", "positive", 25)]:
         operation = schema[path][method]
         strategy = operation.as_strategy(generation_mode=schemathesis.GenerationMode(mode))
 
@@ -326,7 +328,7 @@ def test_schemathesis_finds_no_server_errors(endpoint):
                 failures.append((response.status_code, case.body if case.body is not None else None, response.text[:300]))
 
         check()
-    assert counts["requests"] >= 1000, counts
+    assert counts["requests"] >= 500, counts
     assert not failures, failures[:3]
 
 
