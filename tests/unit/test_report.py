@@ -104,11 +104,24 @@ def build_store(root: Path) -> dict:
     return {"legacy": legacy, "sweep": sweep, "plain": plain}
 
 
-def rayline(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if k not in ("RAYLINE_TRACKING_URI", "MLFLOW_TRACKING_URI", "RAYLINE_WORKSPACE")}
-    full.update({"COLUMNS": "200", **(env or {})})
-    return subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True, env=full,
-                          cwd=cwd, timeout=180)
+def _env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAYLINE_TRACKING_URI", "MLFLOW_TRACKING_URI", "RAYLINE_WORKSPACE")}
+    env.update({"COLUMNS": "200", **(extra or {})})
+    return env
+
+
+def rayline_all(commands: dict) -> dict:
+    """Run `rayline` commands (name -> (args, extra env)) as subprocesses side by side; name ->
+    CompletedProcess. Each process spends seconds importing MLflow: nine one after another
+    took ~35 s on 2 cores, side by side about half."""
+    procs = {name: subprocess.Popen([sys.executable, "-m", "rayline.cli", *args], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=_env(env))
+             for name, (args, env) in commands.items()}
+    done = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return done
 
 
 def figure_data(soup: BeautifulSoup) -> dict:
@@ -142,11 +155,34 @@ def store(tmp_path_factory):
     return root, build_store(root)
 
 
+ERROR_CASES = ["unknown-id", "unknown-name", "no-trials", "unreachable", "no-store", "bad-output"]
+
+
 @pytest.fixture(scope="module")
-def sweep_report(store):
+def cli(store, tmp_path_factory):
+    """Every `rayline report` command of this module, run once, side by side."""
     root, runs = store
+    scratch = tmp_path_factory.mktemp("reportcli")
+    ws = ["--workspace", str(root)]
+    commands = {
+        "sweep": (["report", runs["sweep"], *ws, "--output", str(root / "sweep.html")], None),
+        "by-name": (["report", PIPELINE, *ws, "--output", str(scratch / "by-name.html")], None),
+        "legacy": (["report", runs["legacy"], *ws], None),  # to the default path
+        "unknown-id": (["report", "0" * 32, *ws], None),
+        "unknown-name": (["report", "nosuch", *ws], None),
+        "no-trials": (["report", runs["plain"], *ws], None),
+        "unreachable": (["report", PIPELINE, *ws], {"RAYLINE_TRACKING_URI": "http://127.0.0.1:1"}),
+        "no-store": (["report", PIPELINE, "--workspace", str(scratch / "empty")], None),
+        "bad-output": (["report", runs["sweep"], *ws, "--output", str(scratch / "missing" / "r.html")], None),
+    }
+    return {"scratch": scratch, **rayline_all(commands)}
+
+
+@pytest.fixture(scope="module")
+def sweep_report(store, cli):
+    root, _ = store
     out = root / "sweep.html"
-    proc = rayline("report", runs["sweep"], "--workspace", str(root), "--output", str(out))
+    proc = cli["sweep"]
     assert proc.returncode == 0, proc.stderr
     assert str(out) in proc.stdout and "winner " + WINNER in proc.stdout, proc.stdout
     html = out.read_text()
@@ -249,15 +285,14 @@ def test_family_leaderboard_and_winner_with_test_metrics(sweep_report):
     assert test == {k: f"{v:.4f}" for k, v in TEST.items()} | {"loss": "-"}
 
 
-def test_by_name_reports_the_newest_sweep_and_old_runs_still_render(store, tmp_path):
+def test_by_name_reports_the_newest_sweep_and_old_runs_still_render(store, cli):
     root, runs = store
     # By name: the newest run of the pipeline is the plain (untuned) one; the newest sweep is reported.
-    out = tmp_path / "by-name.html"
-    proc = rayline("report", PIPELINE, "--workspace", str(root), "--output", str(out))
+    proc = cli["by-name"]
     assert proc.returncode == 0, proc.stderr
-    assert runs["sweep"] in proc.stdout
+    assert runs["sweep"] in proc.stdout and str(cli["scratch"] / "by-name.html") in proc.stdout
     # An older run without stop reasons, events or families: a note instead of those figures.
-    proc = rayline("report", runs["legacy"], "--workspace", str(root))
+    proc = cli["legacy"]
     assert proc.returncode == 0, proc.stderr
     default = root / "reports" / f"{PIPELINE}-{runs['legacy'][:8]}.html"
     assert default.is_file() and str(default) in proc.stdout
@@ -269,32 +304,25 @@ def test_by_name_reports_the_newest_sweep_and_old_runs_still_render(store, tmp_p
     assert [t["meta"]["trial_id"] for t in figures["curves"]["data"]] == ["old00_00001", "old00_00000"]
 
 
-@pytest.mark.parametrize("case", ["unknown-id", "unknown-name", "no-trials", "unreachable", "no-store", "bad-output"])
-def test_errors_are_one_line(store, tmp_path, case):
-    root, runs = store
-    args, env = ["--workspace", str(root)], None
-    target, expect = {
-        "unknown-id": ("0" * 32, r"^error: report: unknown run id '0{32}' in sqlite:///\S+ \(allowed: a run id "
-                                 r"printed by `rayline run`, or a pipeline name: sweepy\)$"),
-        "unknown-name": ("nosuch", r"^error: report: unknown run id or pipeline name 'nosuch' in sqlite:///\S+ "
-                                   r"\(allowed: .*pipeline name: sweepy\)$"),
-        "no-trials": (runs["plain"], rf"^error: report: run {runs['plain']} has no tuning trials .*\(allowed: the run "
-                                     r"id of a sweep, as `rayline run` prints it\)$"),
-        "unreachable": (PIPELINE, r"^error: MLflow \(http://127\.0\.0\.1:1\): cannot open the MLflow store: "
-                                  r"127\.0\.0\.1:1 does not answer"),
-        "no-store": (PIPELINE, r"^error: report: no MLflow store at \S+mlflow\.db \(allowed: "),
-        "bad-output": (runs["sweep"], r"^error: --output: no such directory '\S+missing' "),
+@pytest.mark.parametrize("case", ERROR_CASES)
+def test_errors_are_one_line(store, cli, case):
+    _, runs = store
+    expect = {
+        "unknown-id": r"^error: report: unknown run id '0{32}' in sqlite:///\S+ \(allowed: a run id "
+                      r"printed by `rayline run`, or a pipeline name: sweepy\)$",
+        "unknown-name": r"^error: report: unknown run id or pipeline name 'nosuch' in sqlite:///\S+ "
+                        r"\(allowed: .*pipeline name: sweepy\)$",
+        "no-trials": rf"^error: report: run {runs['plain']} has no tuning trials .*\(allowed: the run "
+                     r"id of a sweep, as `rayline run` prints it\)$",
+        "unreachable": r"^error: MLflow \(http://127\.0\.0\.1:1\): cannot open the MLflow store: "
+                       r"127\.0\.0\.1:1 does not answer",
+        "no-store": r"^error: report: no MLflow store at \S+mlflow\.db \(allowed: ",
+        "bad-output": r"^error: --output: no such directory '\S+missing' ",
     }[case]
-    if case == "unreachable":
-        env = {"RAYLINE_TRACKING_URI": "http://127.0.0.1:1"}
-    if case == "no-store":
-        args = ["--workspace", str(tmp_path / "empty")]
-    if case == "bad-output":
-        args += ["--output", str(tmp_path / "missing" / "r.html")]
-    proc = rayline("report", target, *args, env=env)
+    proc = cli[case]
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert re.search(expect, lines[0]), lines[0]
     if case == "no-store":
-        assert not (tmp_path / "empty" / "mlflow.db").exists()  # reading never creates a store
+        assert not (cli["scratch"] / "empty" / "mlflow.db").exists()  # reading never creates a store
