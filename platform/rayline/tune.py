@@ -223,6 +223,8 @@ def tune_pipeline(
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
+    from rayline.resume import SaveOnTrialEnd
+
     metric = spec.resolved_metric(data.task)
     mode = metric_mode(metric)
     runs_dir = join(storage_path, experiment)  # a path or a URI: rayline.storage reads both
@@ -257,7 +259,10 @@ def tune_pipeline(
                 # (with only a warning) when the search algorithm is a BasicVariantGenerator.
                 search_alg=BasicVariantGenerator(max_concurrent=plan.concurrent_trials, random_state=spec.data.split.seed),
             ),
-            run_config=tune.RunConfig(name=os.path.basename(path), storage_path=storage_path, verbose=0),
+            # SaveOnTrialEnd: a trial's end is saved before the next trial starts, so a killed
+            # driver's sweep never runs a finished trial again on resume (rayline/resume.py).
+            run_config=tune.RunConfig(name=os.path.basename(path), storage_path=storage_path, verbose=0,
+                                      callbacks=[SaveOnTrialEnd()]),
         )
     grid, interrupted = _fit_watching_sigint(tuner)
     unfinished = len(grid) - grid.num_terminated - grid.num_errors

@@ -1,0 +1,279 @@
+"""A sweep whose driver was SIGKILLed mid-way resumes with `rayline resume RUN_ID`.
+
+The real `rayline run` runs in a subprocess with its own embedded Ray and workspace; once a
+short trial has finished and the trial started after it has begun, the driver alone gets
+SIGKILL (no Ctrl-C, no chance to write anything). Data: sklearn iris with xgboost (1 worker,
+tiny boosters), so training is seconds on top of Ray's start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.test_interrupts import BOOSTER, IRIS, _descendants, _env, _mlflow, _pipeline_runs
+from tests.integration.test_interrupts import _alive as _alive_pids
+
+_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def _alive(pids: set[int], but: tuple[str, ...] = ()) -> list[str]:
+    return [p for p in _alive_pids(pids) if not any(name in p for name in but)]
+
+# Three trials of different lengths (rounds reported every 2): the short one finishes while
+# the long one is mid-way; the third starts only after the short one ends (2 at once). Measured
+# loaded: a Train run's start-up took up to 50 s, then 40 rounds 12 s.
+ROUNDS = [4, 120, 10]
+
+
+def _spec(name: str) -> dict:
+    return {
+        "name": name,
+        "data": {"source": IRIS, "label": "target", "split": {"valid": 0.2, "test": 0.2, "seed": 0}},
+        "task": "classification",
+        "model": {"framework": "xgboost", "kind": "gbdt", "params": dict(BOOSTER)},
+        "train": {"workers": 1, "metric": "log_loss"},
+        "tune": {"search": "random", "num_samples": 1, "max_concurrent": 2, "scheduler": "fifo",
+                 "space": {"model.params.num_boost_round": {"grid": ROUNDS},
+                           "model.params.eta": {"loguniform": [0.05, 0.3]}}},
+    }
+
+
+def _states(ws: Path, trial_dir: Path) -> dict[int, float]:
+    """A Train run's checkpoints: {epoch: mtime of its state file}."""
+    from rayline.train.loop import STATE_FILE, read_state
+
+    out = {}
+    for ckpt in trial_dir.glob("checkpoint_*"):
+        state = read_state(str(ckpt))
+        if state:
+            out[state["epoch"]] = (ckpt / STATE_FILE).stat().st_mtime
+    return out
+
+
+def _registered_epoch(trial_dir: Path) -> int:
+    """The epoch of the newest checkpoint Ray Train registered for a run (what it restores from)."""
+    from rayline.train.loop import read_state
+
+    snapshot = json.loads((trial_dir / "checkpoint_manager_snapshot.json").read_text())
+    return read_state(str(trial_dir / snapshot["latest_checkpoint_result"]["checkpoint_dir_name"]))["epoch"]
+
+
+def _saved_trials(ws: Path) -> dict[str, dict]:
+    """Tune's saved sweep state (what Tuner.restore reads): trial id -> its saved state."""
+    (state_file,) = (ws / "runs").glob("*-tune/experiment_state-*.json")
+    data = json.loads(state_file.read_text())
+    trials = {}
+    for state_json, _metadata in data["trial_data"]:
+        state = json.loads(state_json)
+        trials[state["trial_id"]] = state
+    return trials
+
+
+def _expected_configs(spec) -> list[dict]:
+    """The configurations an uninterrupted sweep draws: Tune's generator with the same space and seed."""
+    from ray.tune.experiment import Experiment
+    from ray.tune.search import BasicVariantGenerator
+
+    from rayline.tune import search_space
+
+    gen = BasicVariantGenerator(random_state=spec.data.split.seed)
+    gen.add_configurations([Experiment(name="expected", run=lambda config: None, config=search_space(spec),
+                                       num_samples=spec.tune.num_samples, storage_path=str(Path.cwd() / ".expected"))])
+    configs = []
+    while (trial := gen.next_trial()) is not None:
+        configs.append(trial.config)
+    return configs
+
+
+@pytest.mark.timeout(480)
+def test_a_sweep_whose_driver_was_killed_resumes_keeping_finished_trials(tmp_path, monkeypatch):
+    from rayline.spec import parse_spec
+    from rayline.train.loop import read_state
+
+    raw = _spec("irisresume")
+    path = tmp_path / "irisresume.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    ws = tmp_path / "ws"
+    cmd = [sys.executable, "-m", "rayline.cli", "run", str(path), "--workspace", str(ws), "--no-serve"]
+    runs = ws / "runs"
+
+    def trial_dirs() -> list[Path]:
+        return [d for d in runs.glob("*/trial-*") if d.is_dir()]
+
+    def short_finished_and_next_started() -> bool:
+        dirs = trial_dirs()
+        return len(dirs) >= 3 and any(max(_states(ws, d), default=-1) == ROUNDS[0] - 1 for d in dirs)
+
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    started = time.monotonic()
+    with open(out, "w") as fo, open(err, "w") as fe:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=fo, stderr=fe, env=_env(), start_new_session=True)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 240
+        while not short_finished_and_next_started():
+            assert proc.poll() is None, f"ended before it could be killed: {err.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the third trial never started within 240 s"
+            seen |= _descendants(proc.pid)
+            time.sleep(0.2)
+        seen |= _descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)  # the driver alone, as the OOM killer would
+        proc.wait(timeout=30)
+        killed_at = time.monotonic()
+        killed_after = killed_at - started
+        # The embedded Ray shares the driver's fate: GCS, raylet, dashboard, workers, trial actors and
+        # Train workers end within seconds. Ray's two node agents notice the raylet's death at once
+        # but first try to report it to the dead GCS, which times out after a minute (measured: a bare
+        # ray.init() driver SIGKILLed, its agents exited after 60-65 s): they are checked after resuming.
+        grace = time.monotonic() + 30
+        while _alive(seen, but=_AGENTS) and time.monotonic() < grace:
+            time.sleep(0.5)
+        assert not _alive(seen, but=_AGENTS), f"processes of the killed run still alive: {_alive(seen, but=_AGENTS)}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in _alive(seen, but=_AGENTS):  # never left behind for the next test, even when the assert failed
+            try:
+                os.kill(int(pid.split()[0]), signal.SIGKILL)
+            except OSError:
+                pass
+
+    client = _mlflow(ws)
+    (killed,) = _pipeline_runs(client, "irisresume")
+    assert killed.info.status == "RUNNING"  # nobody was left to end it
+    (record_file,) = runs.glob("*/rayline-run.json")
+    record = json.loads(record_file.read_text())
+    assert record["status"] == "running" and record["driver"]["pid"] == proc.pid
+
+    # The short trial's end was saved before the next trial started (rayline.resume.SaveOnTrialEnd):
+    # Tune's own period (10 s or more) would still show it RUNNING, and resume would run it again.
+    saved = _saved_trials(ws)
+    by_dir = {d.name.removeprefix("trial-"): d for d in trial_dirs()}
+    short_id = next(t for t, d in by_dir.items() if max(_states(ws, d), default=-1) == ROUNDS[0] - 1)
+    assert saved[short_id]["status"] == "TERMINATED", {t: s["status"] for t, s in saved.items()}
+    short_before = _states(ws, by_dir[short_id])
+    long_id = next(t for t, d in by_dir.items() if saved.get(t, {}).get("config", {}).get("model.params.num_boost_round")
+                   == ROUNDS[1])
+    assert 0 < max(_states(ws, by_dir[long_id]), default=-1) < ROUNDS[1] - 1, "the long trial was not mid-way when killed"
+    long_before = _registered_epoch(by_dir[long_id])
+
+    resumed = subprocess.run([sys.executable, "-m", "rayline.cli", "resume", killed.info.run_id, "--workspace", str(ws),
+                              "--no-serve"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=200)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr + resumed.stdout
+
+    runs_now = _pipeline_runs(client, "irisresume")
+    assert [r.info.status for r in runs_now] == ["KILLED", "FINISHED"]  # the killed run is ended as KILLED
+    assert runs_now[1].data.tags["rayline.resumed_from"] == killed.info.run_id
+    (version,) = client.search_model_versions("name='irisresume'")
+    assert version.run_id == runs_now[1].info.run_id
+
+    # Finished trial kept: not trained again (same checkpoints, untouched files).
+    assert _states(ws, by_dir[short_id]) == short_before
+    # Unfinished trials kept their ids and continued from their last checkpoint to the end.
+    final_dirs = {d.name.removeprefix("trial-"): d for d in trial_dirs()}
+    assert set(by_dir) <= set(final_dirs) and len(final_dirs) == len(ROUNDS)
+    states = {t: [read_state(str(c)) for c in d.glob("checkpoint_*")] for t, d in final_dirs.items()}
+    last = {t: max((s for s in ss if s), key=lambda s: s["epoch"]) for t, ss in states.items()}
+    assert last[long_id]["epoch"] == ROUNDS[1] - 1
+    assert last[long_id]["resumed_from"] == [long_before], (long_before, last[long_id]["resumed_from"])
+    assert [row["epoch"] for row in last[long_id]["history"]] == list(range(1, ROUNDS[1], 2))
+
+    # The searcher's state was restored: the trials are exactly those an uninterrupted sweep with
+    # the same seed draws (a fresh generator would repeat the first draws).
+    trial_runs = client.search_runs([killed.info.experiment_id], filter_string="tags.`rayline.kind` = 'trial'")
+    trial_runs = [r for r in trial_runs if r.data.tags.get("mlflow.parentRunId") == runs_now[1].info.run_id]
+    assert len(trial_runs) == len(ROUNDS)
+    got = sorted((int(r.data.params["model.params.num_boost_round"]), float(r.data.params["model.params.eta"]))
+                 for r in trial_runs)
+    monkeypatch.chdir(tmp_path)
+    want = sorted((int(c["model.params.num_boost_round"]), float(c["model.params.eta"]))
+                  for c in _expected_configs(parse_spec(raw)))
+    assert [(n, round(e, 9)) for n, e in got] == [(n, round(e, 9)) for n, e in want]
+
+    # The winner is what an uninterrupted sweep picks from these trials: the best log_loss recorded.
+    best = {r.info.run_id: min(m.value for m in client.get_metric_history(r.info.run_id, "log_loss")) for r in trial_runs}
+    (winner,) = [r for r in trial_runs if r.data.tags["rayline.winner"] == "true"]
+    assert best[winner.info.run_id] == min(best.values())
+    assert float(version.tags["valid_log_loss"]) == pytest.approx(best[winner.info.run_id])
+    resume_s = time.monotonic() - killed_at
+    # Nothing of the killed run is left, Ray's agents included (see above).
+    while _alive(seen) and time.monotonic() < killed_at + 90:
+        time.sleep(1)
+    assert not _alive(seen), f"processes of the killed run alive 90 s after the kill: {_alive(seen)}"
+    print(f"killed after {killed_after:.1f} s; resumed in {resume_s:.1f} s")
+
+
+def _record(runs: Path, experiment: str, run_id: str, status: str, **extra) -> None:
+    from rayline.runner import _training_spec, _write_record
+    from rayline.spec import parse_spec
+
+    spec = parse_spec(_spec("irisrecords"))
+    _write_record(str(runs / experiment), {"experiment": experiment, "spec_name": spec.name, "spec": _training_spec(spec),
+                                           "spec_raw": spec.model_dump(by_alias=True, exclude_none=True),
+                                           "run_id": run_id, "status": status, "created": 1.0, **extra})
+
+
+def test_which_runs_resume_can_take(tmp_path):
+    """Without Ray: a run record's driver decides. A live driver on this host, or one on another host
+    (a pid there cannot be checked), is never resumed; a gone one (dead pid, or the pid reused by a
+    later process) is, by `--resume` and by run id; unknown and finished ids are one line, exit 1."""
+    from rayline.errors import RaylineError
+    from rayline.resume import driver_info, driver_state
+    from rayline.runner import _interrupted_run, find_run
+    from rayline.spec import parse_spec
+    from rayline.workspace import workspace
+
+    ws = workspace(tmp_path / "ws").ensure()
+    runs = Path(ws.runs_dir)
+    me = driver_info()
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = {**me, "pid": int(ended.stdout)}
+    assert driver_state(me)[0] == "alive"
+    assert driver_state(dead)[0] == "gone"
+    assert driver_state({**me, "started": me["started"] - 3600})[0] == "gone"  # same pid, another process
+    assert driver_state({**me, "host": "elsewhere"}) == ("unknown", f"pid {me['pid']} on elsewhere")
+
+    _record(runs, "a-live", "r-live", "running", driver=me)
+    _record(runs, "b-far", "r-far", "running", driver={**me, "host": "elsewhere"})
+    _record(runs, "c-done", "r-done", "registered", version="3")
+    _record(runs, "d-newer", "r-newer", "interrupted", resumed_runs=["r-older"])
+    with pytest.raises(RaylineError, match=rf"^resume: run r-live cannot be resumed: its driver \(pid {me['pid']} on "
+                                           r".*\) is still running it \(allowed: stop that process first"):
+        find_run(ws, "r-live")
+    with pytest.raises(RaylineError, match=r"^resume: run r-far cannot be resumed: it is driven by pid \d+ on elsewhere, "
+                                           r"which this host cannot check: .*resume on that host"):
+        find_run(ws, "r-far")
+    with pytest.raises(RaylineError, match=r"^resume: run r-done cannot be resumed: it finished \(model version 3"):
+        find_run(ws, "r-done")
+    with pytest.raises(RaylineError, match=r"^resume: run r-older was resumed already, as run r-newer"):
+        find_run(ws, "r-older")
+    assert find_run(ws, "r-newer")["experiment"] == "d-newer"
+
+    # `rayline run SPEC --resume` takes the newest resumable run: a killed driver's (e-killed, newer
+    # than d-newer), never the live one, and claims it for this process at once.
+    _record(runs, "e-killed", "r-killed", "running", driver=dead, created=2.0)
+    _record(runs, "f-live", "r-live2", "running", driver=me, created=3.0)
+    spec = parse_spec(_spec("irisrecords"))
+    assert _interrupted_run(ws, spec)["experiment"] == "e-killed"
+    claimed = json.loads((runs / "e-killed" / "rayline-run.json").read_text())
+    assert claimed["status"] == "running" and claimed["driver"]["pid"] == os.getpid()
+
+    for run_id, message in [("r-unknown", rf"error: resume: no run r-unknown in {runs} \(allowed: the MLflow run id"),
+                            ("r-live", r"error: resume: run r-live cannot be resumed: its driver")]:
+        cli = subprocess.run([sys.executable, "-m", "rayline.cli", "resume", run_id, "--workspace", str(ws.root)],
+                             capture_output=True, text=True, env=_env(), timeout=60)
+        assert cli.returncode == 1 and "Traceback" not in cli.stderr, cli.stderr
+        line = " ".join(cli.stderr.split())
+        assert re.match(message, line), line
