@@ -91,8 +91,7 @@ def run(
     set_: List[str] = typer.Option([], "--set", metavar="PATH=VALUE",
                                    help="Override a spec key, e.g. --set train.epochs=2 --set tune.num_samples=2 (VALUE is YAML)."),
     resume: bool = typer.Option(False, "--resume", help="Continue this spec's newest interrupted run in the workspace "
-                                "(Ctrl-C, or a driver that was killed; same spec and --set options): finished trials "
-                                "are kept, the rest continue. See also `rayline resume RUN_ID`."),
+                                "(same spec and --set options): finished trials are kept, the rest continue."),
 ) -> None:
     """Run every stage the spec names: data, train or tune, register, deploy."""
     import shlex
@@ -110,53 +109,6 @@ def run(
         again = ["rayline", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"])
         summary = _run_with_progress(spec, ws, str(spec_path), not no_serve, host, port,
                                      resume=resume, resume_command=shlex.join(again))
-        _print_summary(summary, spec)
-        if summary.endpoint and conn.embedded and not exit_after_deploy:
-            console.print(styled("\nServing ", (summary.endpoint, "bold"), " from an embedded Ray. Press Ctrl-C to stop."))
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                console.print("stopping...")
-        elif summary.endpoint and not conn.embedded:
-            console.print(f"\nThe endpoint stays up on the cluster at {conn.address}.")
-    finally:
-        conn.shutdown()
-
-
-@app.command()
-def resume(
-    run_id: str = typer.Argument(..., metavar="RUN_ID", help="The interrupted pipeline's MLflow run id "
-                                 "(its interruption message names it)."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS, "
-                                          "a head from `rayline cluster up`, else an embedded Ray)."),
-    workspace: Optional[Path] = WorkspaceOpt,
-    host: str = typer.Option("127.0.0.1", help="HTTP host for Ray Serve."),
-    port: int = typer.Option(8000, help="HTTP port for Ray Serve."),
-    no_serve: bool = typer.Option(False, "--no-serve", help="Train and register only."),
-    exit_after_deploy: bool = typer.Option(False, "--exit-after-deploy",
-                                           help="With an embedded Ray, stop after deploying instead of serving until Ctrl-C."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Ray's own logs."),
-    ingress: Optional[str] = typer.Option(None, "--ingress", help="Serve ingress of an embedded Ray: haproxy (default; "
-                                          "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy)."),
-) -> None:
-    """Resume an interrupted run (Ctrl-C, a killed driver, a crash) by its MLflow run id, with the spec it
-    recorded (no spec file needed): finished trials are kept, the rest continue from their checkpoints."""
-    import shlex
-
-    from rayline.runner import find_run
-    from rayline.spec import parse_spec
-
-    ws = _ws(workspace)
-    record = find_run(ws, run_id)  # unknown, finished or still driven: one line, before Ray starts
-    spec = parse_spec(record["spec_raw"], source=f"run {run_id}")
-    from rayline.cluster import connect
-
-    with console.status("connecting to Ray..."):
-        conn = connect(ws, address, verbose=verbose, ingress=ingress)
-    try:
-        summary = _run_with_progress(spec, ws, record.get("spec_path") or None, not no_serve, host, port,
-                                     resume=run_id, resume_command=shlex.join(["rayline", *sys.argv[1:]]))
         _print_summary(summary, spec)
         if summary.endpoint and conn.embedded and not exit_after_deploy:
             console.print(styled("\nServing ", (summary.endpoint, "bold"), " from an embedded Ray. Press Ctrl-C to stop."))
@@ -239,6 +191,8 @@ def _print_summary(summary, spec) -> None:
         console.print(trials)
     console.print(styled("registered: model ", (summary.name, "bold"), " version ", (str(summary.version), "bold"),
                          f" (MLflow run {summary.run_id})"))
+    if getattr(summary, "report", None):
+        console.print(f"sweep report: {summary.report} (also in the MLflow run's artifacts)")
     if summary.resumed_run:
         console.print(f"resumed the interrupted run {summary.resumed_run}"
                       + (f": training continued from the checkpoints of epochs {summary.resumed_from}"
@@ -447,6 +401,25 @@ def models(name: Optional[str] = typer.Argument(None, help="A model name; defaul
         console.print("no registered models yet: run `rayline run SPEC`")
         return
     console.print(table)
+
+
+@app.command()
+def report(target: str = typer.Argument(..., metavar="RUN_ID|NAME", help="The MLflow run id `rayline run` printed "
+                                        "(a trial's run id names its sweep), or a pipeline name: its newest run with "
+                                        "tuning trials."),
+           workspace: Optional[Path] = WorkspaceOpt,
+           output: Optional[Path] = typer.Option(None, "--output", "-o", help="HTML file to write (default: "
+                                                 "<workspace>/reports/<name>-<run id>.html).")) -> None:
+    """A sweep's report as one self-contained HTML file: learning curves, parameters against the metric,
+    the scheduler's decisions, model families, the winner and its test metrics."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no store set-up chatter in the output
+    from rayline.report import open_store, write_report
+
+    result = write_report(open_store(_ws(workspace)), target, output)
+    sweep = result.sweep
+    console.print(f"wrote {result.path} ({result.bytes / 1e6:.1f} MB, {result.seconds:.1f} s): sweep of "
+                  f"{sweep.name}, run {sweep.run_id}, {len(sweep.trials)} trials, "
+                  f"winner {sweep.winner.trial_id if sweep.winner else '-'}")
 
 
 @cluster_app.command("up")
