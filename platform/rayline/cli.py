@@ -91,7 +91,8 @@ def run(
     set_: List[str] = typer.Option([], "--set", metavar="PATH=VALUE",
                                    help="Override a spec key, e.g. --set train.epochs=2 --set tune.num_samples=2 (VALUE is YAML)."),
     resume: bool = typer.Option(False, "--resume", help="Continue this spec's newest interrupted run in the workspace "
-                                "(same spec and --set options): finished trials are kept, the rest continue."),
+                                "(Ctrl-C, or a driver that was killed; same spec and --set options): finished trials "
+                                "are kept, the rest continue. See also `rayline resume RUN_ID`."),
 ) -> None:
     """Run every stage the spec names: data, train or tune, register, deploy."""
     import shlex
@@ -109,6 +110,53 @@ def run(
         again = ["rayline", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"])
         summary = _run_with_progress(spec, ws, str(spec_path), not no_serve, host, port,
                                      resume=resume, resume_command=shlex.join(again))
+        _print_summary(summary, spec)
+        if summary.endpoint and conn.embedded and not exit_after_deploy:
+            console.print(styled("\nServing ", (summary.endpoint, "bold"), " from an embedded Ray. Press Ctrl-C to stop."))
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                console.print("stopping...")
+        elif summary.endpoint and not conn.embedded:
+            console.print(f"\nThe endpoint stays up on the cluster at {conn.address}.")
+    finally:
+        conn.shutdown()
+
+
+@app.command()
+def resume(
+    run_id: str = typer.Argument(..., metavar="RUN_ID", help="The interrupted pipeline's MLflow run id "
+                                 "(its interruption message names it)."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS, "
+                                          "a head from `rayline cluster up`, else an embedded Ray)."),
+    workspace: Optional[Path] = WorkspaceOpt,
+    host: str = typer.Option("127.0.0.1", help="HTTP host for Ray Serve."),
+    port: int = typer.Option(8000, help="HTTP port for Ray Serve."),
+    no_serve: bool = typer.Option(False, "--no-serve", help="Train and register only."),
+    exit_after_deploy: bool = typer.Option(False, "--exit-after-deploy",
+                                           help="With an embedded Ray, stop after deploying instead of serving until Ctrl-C."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Ray's own logs."),
+    ingress: Optional[str] = typer.Option(None, "--ingress", help="Serve ingress of an embedded Ray: haproxy (default; "
+                                          "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy)."),
+) -> None:
+    """Resume an interrupted run (Ctrl-C, a killed driver, a crash) by its MLflow run id, with the spec it
+    recorded (no spec file needed): finished trials are kept, the rest continue from their checkpoints."""
+    import shlex
+
+    from rayline.runner import find_run
+    from rayline.spec import parse_spec
+
+    ws = _ws(workspace)
+    record = find_run(ws, run_id)  # unknown, finished or still driven: one line, before Ray starts
+    spec = parse_spec(record["spec_raw"], source=f"run {run_id}")
+    from rayline.cluster import connect
+
+    with console.status("connecting to Ray..."):
+        conn = connect(ws, address, verbose=verbose, ingress=ingress)
+    try:
+        summary = _run_with_progress(spec, ws, record.get("spec_path") or None, not no_serve, host, port,
+                                     resume=run_id, resume_command=shlex.join(["rayline", *sys.argv[1:]]))
         _print_summary(summary, spec)
         if summary.endpoint and conn.embedded and not exit_after_deploy:
             console.print(styled("\nServing ", (summary.endpoint, "bold"), " from an embedded Ray. Press Ctrl-C to stop."))

@@ -21,7 +21,7 @@ from rayline.errors import InterruptedRun, RaylineError, SpecError
 from rayline.spec import PipelineSpec
 from rayline.workspace import Workspace
 
-__all__ = ["RunSummary", "run_pipeline", "STAGES", "RECORD_FILE", "plan_when_settled", "PLAN_SETTLE_S"]
+__all__ = ["RunSummary", "run_pipeline", "STAGES", "RECORD_FILE", "plan_when_settled", "PLAN_SETTLE_S", "find_run"]
 
 STAGES = ("data", "train", "register", "deploy")
 _BOOKKEEPING = ("epoch", "resumed")  # in each history row, but not model metrics
@@ -117,21 +117,73 @@ def _write_record(folder: str, record: dict) -> None:
     write_json(join(folder, RECORD_FILE), record)  # never a half-written record (local path or URI)
 
 
-def _interrupted_run(ws: Workspace, spec: PipelineSpec) -> dict:
-    """The newest interrupted run of `spec` in the workspace, if resuming it is right."""
+def _records(ws: Workspace) -> list[dict]:
+    """Every run record in the workspace (runs dir: a directory, or a prefix on object storage)."""
     from rayline.storage import join, list_names, read_json
 
     records = []
-    for name in list_names(ws.runs_dir):  # a directory, or a prefix on object storage
+    for name in list_names(ws.runs_dir):
         record = read_json(join(ws.runs_dir, name, RECORD_FILE))
-        if not isinstance(record, dict):
-            continue  # not a run folder, not ours, or from another version of rayline
-        if record.get("spec_name") == spec.name and record.get("status") == "interrupted":
+        if isinstance(record, dict):  # else not a run folder, not ours, or from another version
             records.append(record)
-    if not records:
-        raise RaylineError(f"--resume: no interrupted run of {spec.name!r} in {ws.runs_dir} "
-                           "(allowed: run without --resume to start a new one)")
-    record = max(records, key=lambda r: r.get("created", 0))
+    return records
+
+
+def _resumable(record: dict) -> tuple[bool, str]:
+    """Whether a record's run can be resumed now, and if not, why (a phrase)."""
+    from rayline.resume import driver_state
+
+    status = record.get("status")
+    if status == "interrupted":
+        return True, ""
+    if status != "running":
+        return False, {"registered": f"it finished (model version {record.get('version', '?')} registered)",
+                       "failed": "it failed (start a new run)"}.get(status, f"its status is {status!r}")
+    # "running" with no driver left: SIGKILL, the OOM killer or a crash ended it without a word.
+    state, who = driver_state(record.get("driver"))
+    if state == "gone":
+        return True, ""
+    if state == "alive":
+        return False, f"its driver ({who}) is still running it (allowed: stop that process first, e.g. Ctrl-C)"
+    return False, (f"it is driven by {who}, which this host cannot check: resuming while that driver runs would "
+                   "have two drivers writing the same checkpoints (allowed: resume on that host, where rayline "
+                   "can tell whether its driver is gone)")
+
+
+def find_run(ws: Workspace, run_id: str) -> dict:
+    """The record of the pipeline run whose MLflow run id is `run_id`, if it can be resumed now."""
+    records = _records(ws)
+    record = next((r for r in records if r.get("run_id") == run_id), None)
+    if record is None:
+        later = next((r for r in records if run_id in r.get("resumed_runs", [])), None)
+        if later is not None:
+            raise RaylineError(f"resume: run {run_id} was resumed already, as run {later.get('run_id')} "
+                               f"(allowed: rayline resume {later.get('run_id')})")
+        raise RaylineError(f"resume: no run {run_id} in {ws.runs_dir} (allowed: the MLflow run id an interrupted "
+                           "run printed, in the same --workspace)")
+    ok, why = _resumable(record)
+    if not ok:
+        raise RaylineError(f"resume: run {run_id} cannot be resumed: {why}")
+    if not record.get("spec_raw"):
+        raise RaylineError(f"resume: run {run_id} was recorded without its spec by an older rayline "
+                           f"(allowed: rayline run {record.get('spec_path') or 'SPEC'} --resume)")
+    return record
+
+
+def _interrupted_run(ws: Workspace, spec: PipelineSpec, run_id: str | None = None) -> dict:
+    """The run to resume: `run_id`'s, else the newest interrupted (or driverless) run of `spec`."""
+    if run_id:
+        record = find_run(ws, run_id)
+    else:
+        mine = [r for r in _records(ws) if r.get("spec_name") == spec.name and r.get("status") in ("interrupted", "running")]
+        verdicts = [(r, *_resumable(r)) for r in mine]
+        records = [r for r, ok, _ in verdicts if ok]
+        if not records:
+            busy = [f"{r.get('experiment')}: {why}" for r, ok, why in verdicts if not ok]
+            raise RaylineError(f"--resume: no interrupted run of {spec.name!r} in {ws.runs_dir} "
+                               + (f"that can be resumed now ({'; '.join(busy)[:600]}) " if busy else "")
+                               + "(allowed: run without --resume to start a new one)")
+        record = max(records, key=lambda r: r.get("created", 0))
     before, now = record.get("spec", {}), _training_spec(spec)
     changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
     if changed:
@@ -139,6 +191,12 @@ def _interrupted_run(ws: Workspace, spec: PipelineSpec) -> dict:
         raise SpecError([f"--resume: the spec changed since the interrupted run {record['experiment']}: {shown}"
                          f"{' and more' if len(changed) > 5 else ''} (allowed: the same spec and --set options, "
                          "or run without --resume to start over)"])
+    # Claimed at once, with this process as its driver: a second `--resume` started while this
+    # one prepares its data sees a live driver and refuses.
+    from rayline.resume import driver_info
+    from rayline.storage import join
+
+    _write_record(join(ws.runs_dir, record["experiment"]), {**record, "status": "running", "driver": driver_info()})
     return record
 
 
@@ -168,15 +226,16 @@ def run_pipeline(
     host: str = "127.0.0.1",
     port: int = 8000,
     on_stage: Callable[[str, str, str], None] = _noop,
-    resume: bool = False,
+    resume: bool | str = False,
     resume_command: str | None = None,
 ) -> RunSummary:
     """Run every stage the spec names on the connected Ray cluster.
 
     Ctrl-C raises InterruptedRun (exit 130): while training, nothing is registered, the
     MLflow run is marked KILLED and the message says how to resume (`resume=True`
-    continues the newest interrupted run of this spec: finished trials keep their results,
-    the others continue from their checkpoints); while deploying, the version stays
+    continues the newest interrupted run of this spec, or one whose driver was killed;
+    `resume=RUN_ID` that pipeline run: finished trials keep their results, the others
+    continue from their checkpoints); while deploying, the version stays
     registered and the cut-off Serve app is deleted.
     """
     import ray
@@ -191,7 +250,8 @@ def run_pipeline(
 
     ws.ensure()
     seconds: dict[str, float] = {}
-    previous = _interrupted_run(ws, spec) if resume else None
+    # resume: True for the newest interrupted run of this spec, or a run id (`rayline resume RUN_ID`).
+    previous = _interrupted_run(ws, spec, resume if isinstance(resume, str) else None) if resume else None
     experiment = previous["experiment"] if previous else f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     paths = search_paths(spec_path)
     resume_command = resume_command or shlex.join(
@@ -240,10 +300,19 @@ def run_pipeline(
     if previous:
         try:
             registry.client.set_tag(run_id, "rayline.resumed_from", previous.get("run_id", ""))
+            # A killed driver left its MLflow run RUNNING: it ends here, as a Ctrl-C'd one does.
+            if previous.get("run_id") and registry.client.get_run(previous["run_id"]).info.status == "RUNNING":
+                _end_run(registry, previous["run_id"], "KILLED")
         except Exception:  # noqa: BLE001 - a missing tag must not stop the run
             pass
     folder = join(ws.runs_dir, experiment)
+    from rayline.resume import driver_info
+
+    # driver: who runs it (host, pid, start time), so a later --resume can tell a killed run from
+    # a live one; spec_raw: the whole spec as parsed, for `rayline resume RUN_ID` without the file.
     record = {"experiment": experiment, "spec_name": spec.name, "spec_path": spec_path or "", "spec": _training_spec(spec),
+              "spec_raw": spec.model_dump(by_alias=True, exclude_none=True), "driver": driver_info(),
+              "workspace": ws.location,
               "fingerprint": data.fingerprint, "run_id": run_id, "created": (previous or {}).get("created", time.time()),
               "status": "running", "resumed_runs": (previous or {}).get("resumed_runs", []) + ([previous["run_id"]] if previous else [])}
     _write_record(folder, record)
@@ -313,7 +382,8 @@ def run_pipeline(
         what = str(exc) if isinstance(exc, InterruptedRun) else (
             "interrupted while " + ("training" if "train" not in seconds else "registering"))
         raise InterruptedRun(f"{what}; nothing registered; MLflow run {run_id} marked KILLED; "
-                             f"resume with: {resume_command}") from exc
+                             f"resume with: {resume_command} (or: {shlex.join(['rayline', 'resume', run_id, '--workspace', ws.location])})"
+                             ) from exc
     except BaseException:
         _end_run(registry, run_id, "FAILED")
         _write_record(folder, {**record, "status": "failed"})
