@@ -326,3 +326,22 @@ def test_errors_are_one_line(store, cli, case):
     assert re.search(expect, lines[0]), lines[0]
     if case == "no-store":
         assert not (cli["scratch"] / "empty" / "mlflow.db").exists()  # reading never creates a store
+
+
+def test_run_pipeline_step_logs_the_report_and_never_fails_the_run(store, capsys):
+    """`report_after_sweep`, what run_pipeline calls after registering a sweep: the report at
+    its default path and in the run's artifacts; a report that cannot be written is one
+    warning line and no path, never an exception (the model is registered by then)."""
+    from rayline.registry import Registry
+    from rayline.report import ARTIFACT_PATH, report_after_sweep
+    from rayline.workspace import workspace
+
+    root, runs = store
+    registry = Registry(workspace(root))
+    path = report_after_sweep(registry, runs["sweep"])
+    assert path == str(root / "reports" / f"{PIPELINE}-{runs['sweep'][:8]}.html") and Path(path).is_file()
+    assert [a.path for a in registry.client.list_artifacts(runs["sweep"], "report")] == [ARTIFACT_PATH]
+    capsys.readouterr()
+    assert report_after_sweep(registry, runs["plain"]) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: the sweep report was not written: report: run "), err
