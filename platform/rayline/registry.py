@@ -41,6 +41,10 @@ STORE_LOCK_TIMEOUT_S = 60.0
 # (PRAGMA busy_timeout = 20000 in mlflow/store/db/utils.py) before "database is locked".
 SQLITE_BUSY_TIMEOUT_S = 20.0
 _PARTIAL = ".partial-"
+# MLflow draws a progress bar for every artifact download (the pyfunc model's files when a
+# version registers): dozens of carriage-return frames in `rayline run`'s output and in job
+# logs, between rayline's own stage lines. A user's explicit setting wins.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 @dataclass

@@ -426,6 +426,7 @@ def test_quick_start_serves_until_ctrl_c(tmp_path):
         served = httpx.post(f"http://127.0.0.1:{QUICK_START_PORT}/digits/predict", json=body, timeout=60)
         assert served.status_code == 200 and served.json()["predictions"][0] in range(10), served.text
         assert "Starting execution of Dataset" not in text  # Ray Data's INFO logs stay off the terminal
+        assert "Downloading artifacts" not in text  # nor MLflow's progress bars
 
         proc.send_signal(signal.SIGINT)  # one Ctrl-C stops it, also after a Tune sweep
         assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
