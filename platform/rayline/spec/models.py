@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from rayline.data.steps import STEP_SPEC_MODELS, STEPS
 from rayline.spec.problems import Problem, SpecProblem, problem, short
+from rayline.schedulers import (SCHEDULER_SPEC_MODELS, SchedulerField, check_scheduler, parse_scheduler,
+                                scheduler_json_schema)
+from rayline.searchers import SEARCH_NAMES
 from rayline.spec.space import check_distributions, check_grid, check_space
 from rayline.train.catalog import BACKENDS
 
@@ -400,13 +403,29 @@ Distribution = dict[str, Any]
 class TuneSpec(_Strict):
     num_samples: int = Field(8, ge=1, le=10_000, description="Trials (times each grid combination).")
     max_concurrent: int = Field(2, ge=1, description="Trials running at once (lowered to what the cluster fits).")
-    scheduler: Literal["asha", "fifo"] = "asha"
-    search: Literal["random", "grid"] = "random"
+    scheduler: SchedulerField = Field(
+        default_factory=lambda: SCHEDULER_SPEC_MODELS["asha"](),
+        description="Trial scheduler, by name or as {<name>: {<parameter>: <value>}}: asha (grace_period, "
+                    "reduction_factor, max_t, brackets), median (grace_period, min_samples_required, min_time_slice), "
+                    "pbt (perturbation_interval, burn_in_period, quantile_fraction, resample_probability, "
+                    "perturbation_factors, synch) or fifo. Clock: units trained (epochs; boosting rounds).",
+        json_schema_extra=scheduler_json_schema,
+    )
+    search: Literal[SEARCH_NAMES] = Field("random", description="random, grid, or optuna (Bayesian: Optuna's TPE).")
+    seed: Optional[int] = Field(None, ge=0, le=2**32 - 1, description="Seed of the search (random draws, Optuna's "
+                                                                        "sampler); default data.split.seed.")
+    time_budget_s: Optional[float] = Field(None, gt=0, description="Stop the sweep after this many seconds; the winner "
+                                                                   "is chosen among the trials finished or stopped by then.")
     space: dict[str, Distribution] = Field(
         min_length=1,
         description="Dotted spec path -> distribution. Tunable: model.params.<param>, train.epochs, "
                     "train.batch_size, train.workers, train.optimizer.name/lr/momentum/weight_decay.",
     )
+
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _scheduler_name(cls, v):
+        return parse_scheduler(v)  # `asha` or `{asha: {grace_period: 2}}`
 
     @field_validator("space")
     @classmethod
@@ -614,7 +633,7 @@ class PipelineSpec(_Strict):
                 raise problem(("train", "metric"), f"unknown metric{' for ' + self.task if self.task else ''}",
                               got=repr(self.train.metric), allowed=", ".join(allowed))
         if self.tune is not None:
-            problems = check_space(self)
+            problems = check_space(self) + check_scheduler(self)
             if problems:
                 raise SpecProblem(*problems)
         return self

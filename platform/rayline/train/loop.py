@@ -54,7 +54,9 @@ def read_state(checkpoint_dir: str) -> dict | None:
 class EpochReporter:
     """Restore from Ray Train's latest checkpoint and report each epoch with a checkpoint."""
 
-    def __init__(self):
+    def __init__(self, initial_checkpoint: str | None = None):
+        """`initial_checkpoint`: where a new run starts (a Train checkpoint's path or URI) when
+        Ray Train has no checkpoint of this run to restore (PBT's exploit: rayline.handoff)."""
         import ray.train
 
         self._train = ray.train
@@ -68,6 +70,8 @@ class EpochReporter:
         for prefix in (CKPT_PREFIX, RESTORE_PREFIX):
             sweep_orphans(tempfile.gettempdir(), prefix)
         checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None and initial_checkpoint:
+            checkpoint = ray.train.Checkpoint(initial_checkpoint)
         if checkpoint is not None:
             # Copy locally: the model loads after this returns, and storage may be remote.
             self._restore_dir = owned_tempdir(tempfile.gettempdir(), RESTORE_PREFIX)

@@ -72,8 +72,15 @@ def train(
     plan: ResourcePlan,
     search_paths: list[str] = (),
     callbacks: list = (),
+    initial_checkpoint: str | None = None,
+    keep_all_checkpoints: bool = False,
 ) -> TrainResult:
-    """Train `spec` on `data` with Ray Train; return the best checkpoint by the spec's metric."""
+    """Train `spec` on `data` with Ray Train; return the best checkpoint by the spec's metric.
+
+    `initial_checkpoint`: a Train checkpoint (path or URI) that a NEW run starts from (weights
+    and optimizer state; PBT's exploit, rayline.handoff); a run that has checkpoints of its
+    own restores its latest instead. `keep_all_checkpoints`: keep every checkpoint, not only
+    the best and the latest (another trial may still start from one: PBT)."""
     import ray.train
 
     backend = load_backend(spec.model.framework)
@@ -84,14 +91,18 @@ def train(
         storage_path=storage_path,
         failure_config=ray.train.FailureConfig(max_failures=spec.train.max_failures, controller_failure_limit=START_RETRIES),
         checkpoint_config=ray.train.CheckpointConfig(
-            num_to_keep=checkpoint_keep, checkpoint_score_attribute=metric, checkpoint_score_order=mode
+            num_to_keep=None if keep_all_checkpoints else checkpoint_keep, checkpoint_score_attribute=metric,
+            checkpoint_score_order=mode
         ),
         callbacks=list(callbacks),
         worker_runtime_env={"env_vars": backend.worker_env()} if backend.worker_env() else None,
     )
     scaling = scaling_config(spec, plan)
+    config = loop_config(spec, data, plan, list(search_paths))
+    if initial_checkpoint:
+        config["initial_checkpoint"] = initial_checkpoint  # Train V2 has no resume_from_checkpoint: the loop reads it
     trainer = backend.make_trainer(
-        loop_config=loop_config(spec, data, plan, list(search_paths)),
+        loop_config=config,
         scaling_config=scaling,
         run_config=run_config,
         datasets={"train": data.train, "valid": data.valid},

@@ -131,7 +131,9 @@ class TensorflowBackend(Backend):
         import tf_keras as keras
 
         keras.utils.set_random_seed(config["seed"])
-        reporter = EpochReporter()
+        # The optimizer's hyperparameters (learning rate, momentum) are not among the variables
+        # restored below: a run restarted with a new config (PBT's explore) trains with its own.
+        reporter = EpochReporter(config.get("initial_checkpoint"))
         classification = config["task"] == "classification"
         arch = config["arch"]
         num_features = arch["num_features"]

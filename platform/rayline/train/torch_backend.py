@@ -11,7 +11,7 @@ from rayline.train.backend import Backend, Predict, build_from_arch
 from rayline.train.loop import EpochReporter, shard_arrays
 from rayline.train.metrics import compute_metrics, softmax
 
-__all__ = ["TorchBackend", "BACKEND", "build_mlp"]
+__all__ = ["TorchBackend", "BACKEND", "build_mlp", "restore_hyperparameters"]
 
 _WEIGHTS = "weights.pt"
 _OPTIMIZER = "optimizer.pt"
@@ -55,6 +55,14 @@ def _optimizer(params, spec: dict):
     return cls(params, lr=spec["lr"], weight_decay=spec["weight_decay"])
 
 
+def restore_hyperparameters(optimizer) -> None:
+    """Put the optimizer's own hyperparameters (lr, momentum, weight_decay...) back after
+    `load_state_dict`, which sets those the state was saved with: this run's config wins
+    (PBT restarts a trial from another trial's checkpoint with a perturbed lr)."""
+    for group in optimizer.param_groups:
+        group.update({k: v for k, v in optimizer.defaults.items() if k in group and k != "params"})
+
+
 class TorchBackend(Backend):
     name = "torch"
 
@@ -65,13 +73,14 @@ class TorchBackend(Backend):
 
         torch.manual_seed(config["seed"])
         torch.set_num_threads(config["threads"])
-        reporter = EpochReporter()
+        reporter = EpochReporter(config.get("initial_checkpoint"))
         classification = config["task"] == "classification"
         model = _build(config["arch"])
         optimizer = _optimizer(model.parameters(), config["optimizer"])
         if reporter.restore_model_dir:
             model.load_state_dict(torch.load(os.path.join(reporter.restore_model_dir, _WEIGHTS), weights_only=True))
             optimizer.load_state_dict(torch.load(os.path.join(reporter.restore_model_dir, _OPTIMIZER), weights_only=True))
+            restore_hyperparameters(optimizer)
         model = ray.train.torch.prepare_model(model)
         device = ray.train.torch.get_device()
         loss_fn = torch.nn.CrossEntropyLoss() if classification else torch.nn.MSELoss()
