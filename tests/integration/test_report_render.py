@@ -65,7 +65,9 @@ def render(browser, path: Path) -> dict:
     try:
         page.goto(path.resolve().as_uri(), wait_until="load", timeout=60_000)
         ids = page.evaluate("() => [...document.querySelectorAll('script[data-figure]')].map(s => s.dataset.figure)")
-        page.wait_for_function("(ids) => ids.every(id => document.getElementById(id).classList.contains('js-plotly-plot'))",
+        # Drawn, or given up on with the page's own message (the boot script's catch).
+        page.wait_for_function("(ids) => ids.every(id => { const d = document.getElementById(id); "
+                               "return d.classList.contains('js-plotly-plot') || d.textContent.includes('could not be drawn'); })",
                                arg=ids, timeout=30_000)
         page.wait_for_timeout(300)  # parcoords draws its WebGL lines on the next frames
         drawn = {fig_id: page.evaluate(_DRAWN, fig_id) for fig_id in ids}
@@ -150,3 +152,5 @@ def test_the_render_check_catches_a_figure_that_does_not_draw(browser, synthetic
     result = render(browser, broken)
     assert result["figures"]["decisions"]["failed"]
     assert any("figure decisions" in e for e in result["errors"]), result["errors"]
+    with pytest.raises(AssertionError):
+        assert_every_figure_drew(broken, result)
