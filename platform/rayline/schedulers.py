@@ -64,6 +64,9 @@ class SchedulerChoice(BaseModel):
 
     __hash__ = None
 
+    def __str__(self) -> str:
+        return self.name
+
     @model_serializer(mode="wrap")
     def _compact(self, handler):
         # Dumped as written: the bare name when no parameter was set (specs, MLflow's copy,
@@ -225,9 +228,16 @@ class Median(Scheduler):
                 "hard_stop": True}
 
     def build(self, spec, params, *, metric, mode):
-        from ray.tune.schedulers import MedianStoppingRule
+        from ray.tune.schedulers import MedianStoppingRule, TrialScheduler
 
-        return _recording(MedianStoppingRule)(**self.settings(spec, params))
+        class NeverPausing(MedianStoppingRule):
+            # Ray's rule pauses a trial that has too few others to compare with while trials
+            # wait; a paused rayline trial restarts its Train run (a new worker group, seconds
+            # each): it trains on instead, and is compared at its next report.
+            def _on_insufficient_samples(self, tune_controller, trial, time):
+                return TrialScheduler.CONTINUE
+
+        return _recording(NeverPausing)(**self.settings(spec, params))
 
 
 # The tune.space paths that a trial may change in the middle of its training: a checkpoint
