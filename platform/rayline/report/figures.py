@@ -236,7 +236,9 @@ def effects_figure(sweep: Sweep):
         return None
     cols = min(3, len(paths))
     rows = math.ceil(len(paths) / cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=paths, vertical_spacing=min(0.3, 0.6 / rows))
+    # One metric scale for every panel: how far apart the points sit is comparable across parameters.
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=paths, vertical_spacing=min(0.3, 0.6 / rows),
+                        shared_yaxes="all")
     for i, path in enumerate(paths):
         row, col = i // cols + 1, i % cols + 1
         axis = encode_param(path, [t.params.get(path) for t in trials])
@@ -298,7 +300,10 @@ def decisions_figure(sweep: Sweep):
             hovertemplate="trial %{y} at unit %{x}: %{text}<extra></extra>", meta={"events": "all"},
         ))
     fig.update_layout(template=_TEMPLATE, title="Scheduler decisions: where each trial stopped and why",
-                      xaxis_title="units trained", yaxis={"type": "category", "autorange": "reversed", "title": "trial"},
+                      xaxis_title="units trained",
+                      # Best trial on top, as in the table below (bars are added by stop reason).
+                      yaxis={"type": "category", "categoryorder": "array", "categoryarray": [t.trial_id for t in trials],
+                             "autorange": "reversed", "title": "trial"},
                       barmode="overlay", height=max(320, 120 + 28 * len(trials)))
     return fig
 
