@@ -345,3 +345,19 @@ def test_run_pipeline_step_logs_the_report_and_never_fails_the_run(store, capsys
     assert report_after_sweep(registry, runs["plain"]) is None
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("warning: the sweep report was not written: report: run "), err
+
+
+@pytest.mark.parametrize("raw, kind, values, ticktext", [
+    ([1, 2, 3], "numeric", [1.0, 2.0, 3.0], ["1", "2", "3"]),
+    ([0.001, 0.1], "log", [-3.0, -1.0], ["0.001", "0.1"]),  # 100x span: log10
+    ([0.5, None], "numeric", [0.5, 0.35], ["(unset)", "0.5"]),  # unset sits below the range
+    ([[128, 64], [64], None], "categorical", [2.0, 1.0, 0.0], ["(unset)", "[64]", "[128, 64]"]),
+    (["median", "mean", True], "categorical", [1.0, 0.0, 2.0], ["mean", "median", "true"]),
+])
+def test_parameters_are_encoded_for_parallel_coordinates(raw, kind, values, ticktext):
+    from rayline.report.figures import encode_param
+
+    axis = encode_param("p", raw)
+    assert axis.kind == kind and axis.ticktext == ticktext
+    assert axis.values == pytest.approx(values)
+    assert axis.label == ("log10 p" if kind == "log" else "p")
