@@ -361,3 +361,15 @@ def test_parameters_are_encoded_for_parallel_coordinates(raw, kind, values, tick
     assert axis.kind == kind and axis.ticktext == ticktext
     assert axis.values == pytest.approx(values)
     assert axis.label == ("log10 p" if kind == "log" else "p")
+
+
+def test_a_trial_run_id_names_its_sweep(store):
+    from rayline.registry import Registry
+    from rayline.report import load_sweep
+    from rayline.workspace import workspace
+
+    root, runs = store
+    registry = Registry(workspace(root))
+    sweep = load_sweep(registry, runs["sweep"])
+    assert (sweep.metric, sweep.mode, sweep.version, sweep.winner.trial_id) == (METRIC, "max", "2", WINNER)
+    assert load_sweep(registry, sweep.trials[0].run_id).run_id == runs["sweep"]
