@@ -11,6 +11,7 @@ so each head here is up only while nothing else trains.
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -427,6 +428,8 @@ def test_quick_start_serves_until_ctrl_c(tmp_path):
         assert served.status_code == 200 and served.json()["predictions"][0] in range(10), served.text
         assert "Starting execution of Dataset" not in text  # Ray Data's INFO logs stay off the terminal
         assert "Downloading artifacts" not in text  # nor MLflow's progress bars
+        report = re.search(r"sweep report: (\S+\.html)", text)  # the sweep's HTML report, written and named
+        assert report and (ROOT / report.group(1)).is_file(), text[-2000:]  # (ROOT / an absolute path) is that path
 
         proc.send_signal(signal.SIGINT)  # one Ctrl-C stops it, also after a Tune sweep
         assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
