@@ -139,6 +139,9 @@ def resume(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Ray's own logs."),
     ingress: Optional[str] = typer.Option(None, "--ingress", help="Serve ingress of an embedded Ray: haproxy (default; "
                                           "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy)."),
+    force: bool = typer.Option(False, "--force", help="Resume a run whose driver ran on another host (rayline cannot "
+                               "check a pid there): only once you know that driver is gone. A driver alive on this "
+                               "host is never overridden."),
 ) -> None:
     """Resume an interrupted run (Ctrl-C, a killed driver, a crash) by its MLflow run id, with the spec it
     recorded (no spec file needed): finished trials are kept, the rest continue from their checkpoints."""
@@ -148,7 +151,7 @@ def resume(
     from rayline.spec import parse_spec
 
     ws = _ws(workspace)
-    record = find_run(ws, run_id)  # unknown, finished or still driven: one line, before Ray starts
+    record = find_run(ws, run_id, force)  # unknown, finished or still driven: one line, before Ray starts
     spec = parse_spec(record["spec_raw"], source=f"run {run_id}")
     from rayline.cluster import connect
 
@@ -156,7 +159,8 @@ def resume(
         conn = connect(ws, address, verbose=verbose, ingress=ingress)
     try:
         summary = _run_with_progress(spec, ws, record.get("spec_path") or None, not no_serve, host, port,
-                                     resume=run_id, resume_command=shlex.join(["rayline", *sys.argv[1:]]))
+                                     resume=run_id, resume_command=shlex.join(["rayline", *sys.argv[1:]]),
+                                     resume_force=force)
         _print_summary(summary, spec)
         if summary.endpoint and conn.embedded and not exit_after_deploy:
             console.print(styled("\nServing ", (summary.endpoint, "bold"), " from an embedded Ray. Press Ctrl-C to stop."))

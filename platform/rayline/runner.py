@@ -129,8 +129,9 @@ def _records(ws: Workspace) -> list[dict]:
     return records
 
 
-def _resumable(record: dict) -> tuple[bool, str]:
-    """Whether a record's run can be resumed now, and if not, why (a phrase)."""
+def _resumable(record: dict, force: bool = False) -> tuple[bool, str]:
+    """Whether a record's run can be resumed now, and if not, why (a phrase). `force`: also when its
+    driver is on another host (which this one cannot check); never when it is provably alive here."""
     from rayline.resume import driver_state
 
     status = record.get("status")
@@ -141,17 +142,19 @@ def _resumable(record: dict) -> tuple[bool, str]:
                        "failed": "it failed (start a new run)"}.get(status, f"its status is {status!r}")
     # "running" with no driver left: SIGKILL, the OOM killer or a crash ended it without a word.
     state, who = driver_state(record.get("driver"))
-    if state == "gone":
+    if state == "gone" or (force and state == "unknown"):
         return True, ""
     if state == "alive":
         return False, f"its driver ({who}) is still running it (allowed: stop that process first, e.g. Ctrl-C)"
     return False, (f"it is driven by {who}, which this host cannot check: resuming while that driver runs would "
                    "have two drivers writing the same checkpoints (allowed: resume on that host, where rayline "
-                   "can tell whether its driver is gone)")
+                   f"can tell whether its driver is gone; or, once sure it is, rayline resume {record.get('run_id')} "
+                   "--force)")
 
 
-def find_run(ws: Workspace, run_id: str) -> dict:
-    """The record of the pipeline run whose MLflow run id is `run_id`, if it can be resumed now."""
+def find_run(ws: Workspace, run_id: str, force: bool = False) -> dict:
+    """The record of the pipeline run whose MLflow run id is `run_id`, if it can be resumed now
+    (`force`: even when its driver ran on another host; see `_resumable`)."""
     records = _records(ws)
     record = next((r for r in records if r.get("run_id") == run_id), None)
     if record is None:
@@ -161,7 +164,7 @@ def find_run(ws: Workspace, run_id: str) -> dict:
                                f"(allowed: rayline resume {later.get('run_id')})")
         raise RaylineError(f"resume: no run {run_id} in {ws.runs_dir} (allowed: the MLflow run id an interrupted "
                            "run printed, in the same --workspace)")
-    ok, why = _resumable(record)
+    ok, why = _resumable(record, force)
     if not ok:
         raise RaylineError(f"resume: run {run_id} cannot be resumed: {why}")
     if not record.get("spec_raw"):
@@ -170,10 +173,10 @@ def find_run(ws: Workspace, run_id: str) -> dict:
     return record
 
 
-def _interrupted_run(ws: Workspace, spec: PipelineSpec, run_id: str | None = None) -> dict:
+def _interrupted_run(ws: Workspace, spec: PipelineSpec, run_id: str | None = None, force: bool = False) -> dict:
     """The run to resume: `run_id`'s, else the newest interrupted (or driverless) run of `spec`."""
     if run_id:
-        record = find_run(ws, run_id)
+        record = find_run(ws, run_id, force)
     else:
         mine = [r for r in _records(ws) if r.get("spec_name") == spec.name and r.get("status") in ("interrupted", "running")]
         verdicts = [(r, *_resumable(r)) for r in mine]
@@ -228,6 +231,7 @@ def run_pipeline(
     on_stage: Callable[[str, str, str], None] = _noop,
     resume: bool | str = False,
     resume_command: str | None = None,
+    resume_force: bool = False,
 ) -> RunSummary:
     """Run every stage the spec names on the connected Ray cluster.
 
@@ -251,7 +255,7 @@ def run_pipeline(
     ws.ensure()
     seconds: dict[str, float] = {}
     # resume: True for the newest interrupted run of this spec, or a run id (`rayline resume RUN_ID`).
-    previous = _interrupted_run(ws, spec, resume if isinstance(resume, str) else None) if resume else None
+    previous = _interrupted_run(ws, spec, resume if isinstance(resume, str) else None, force=resume_force) if resume else None
     experiment = previous["experiment"] if previous else f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     paths = search_paths(spec_path)
     resume_command = resume_command or shlex.join(

@@ -3,7 +3,8 @@
 The Ctrl-C tests run the real `rayline run` in a subprocess (its own embedded Ray and
 workspace) and send it SIGINT once training has written checkpoints; the others use the
 session's Ray. Data: sklearn iris with xgboost (1 worker, tiny boosters) so every run is
-a few seconds of training on top of Ray's start-up.
+a few seconds of training on top of Ray's start-up. Ctrl-C during a sweep, and a sweep whose
+driver is killed outright, are in test_resume.py.
 """
 
 from __future__ import annotations
@@ -134,48 +135,6 @@ def _one_line(stderr: str) -> str:
 
 def _squeezed(text: str) -> str:
     return "".join(text.split())  # the terminal may wrap a long path anywhere
-
-
-def test_ctrl_c_during_a_sweep_registers_nothing_and_resume_finishes_it(tmp_path):
-    raw = _spec("irisint", tune={"num_samples": 2, "max_concurrent": 2, "scheduler": "fifo",
-                                 "space": {"model.params.max_depth": {"choice": [2, 3]}}})
-    spec = _write(tmp_path, raw)
-    ws = tmp_path / "ws"
-    cmd = [sys.executable, "-m", "rayline.cli", "run", str(spec), "--workspace", str(ws), "--no-serve"]
-
-    def both_trials_checkpointed():
-        return len({c.parent for c in (ws / "runs").glob("*/trial-*/checkpoint_*")}) >= 2
-
-    rc, out, err, seen = _interrupt_when(cmd, tmp_path, both_trials_checkpointed)
-
-    assert rc == 130, err[-3000:]
-    assert "Traceback" not in err + out
-    line = _one_line(err)
-    assert "tuning interrupted" in line and "nothing registered" in line
-    assert "Tuner.restore(" not in line  # Tune's own advice is for Python users; ours names the command
-    assert _squeezed(f"resume with: rayline run {spec} --workspace {ws} --no-serve --resume") in _squeezed(err)
-    client = _mlflow(ws)
-    assert client.search_model_versions("name='irisint'") == []
-    (interrupted,) = _pipeline_runs(client, "irisint")
-    assert interrupted.info.status == "KILLED"
-    _assert_no_leftovers(seen)
-
-    done = subprocess.run(cmd + ["--resume"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (version,) = client.search_model_versions("name='irisint'")
-    runs = _pipeline_runs(client, "irisint")
-    assert [r.info.status for r in runs] == ["KILLED", "FINISHED"]
-    assert runs[1].data.tags["rayline.resumed_from"] == interrupted.info.run_id
-    assert version.run_id == runs[1].info.run_id
-    # Both trials were cut off mid-way and continued from their checkpoints: each went on to
-    # its last round (epoch 59), and none started over (one history, with the resume recorded).
-    from rayline.train.loop import read_state
-
-    for trial_dir in (ws / "runs").glob("*/trial-*"):
-        states = [read_state(str(c)) for c in trial_dir.glob("checkpoint_*")]
-        last = max((s for s in states if s), key=lambda s: s["epoch"])
-        assert last["epoch"] == 59 and last["resumed_from"], (trial_dir.name, last["epoch"], last["resumed_from"])
-        assert [row["epoch"] for row in last["history"]] == list(range(1, 60, 2))
 
 
 def test_ctrl_c_during_training_registers_nothing_and_resume_finishes_it(tmp_path):

@@ -1,9 +1,11 @@
-"""A sweep whose driver was SIGKILLed mid-way resumes with `rayline resume RUN_ID`.
+"""A sweep whose driver was SIGKILLed mid-way, then Ctrl-C'd, resumes to the same result.
 
 The real `rayline run` runs in a subprocess with its own embedded Ray and workspace; once a
 short trial has finished and the trial started after it has begun, the driver alone gets
-SIGKILL (no Ctrl-C, no chance to write anything). Data: sklearn iris with xgboost (1 worker,
-tiny boosters), so training is seconds on top of Ray's start-up.
+SIGKILL (no chance to write anything). `rayline run SPEC --resume` continues it and gets
+Ctrl-C (exit 130, nothing registered, both ways to resume named), and `rayline resume RUN_ID`
+with the id that message printed finishes it. Data: sklearn iris with xgboost (1 worker, tiny
+boosters), so training is seconds on top of Ray's start-up.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.test_interrupts import BOOSTER, IRIS, _descendants, _env, _mlflow, _pipeline_runs
+from tests.integration.test_interrupts import (BOOSTER, IRIS, _assert_no_leftovers, _descendants, _env, _interrupt_when,
+                                               _mlflow, _one_line, _pipeline_runs, _squeezed)
 from tests.integration.test_interrupts import _alive as _alive_pids
 
 _AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
@@ -96,7 +99,7 @@ def _expected_configs(spec) -> list[dict]:
 
 
 @pytest.mark.timeout(480)
-def test_a_sweep_whose_driver_was_killed_resumes_keeping_finished_trials(tmp_path, monkeypatch):
+def test_a_sweep_killed_then_interrupted_resumes_keeping_finished_trials(tmp_path, monkeypatch):
     from rayline.spec import parse_spec
     from rayline.train.loop import read_state
 
@@ -117,7 +120,11 @@ def test_a_sweep_whose_driver_was_killed_resumes_keeping_finished_trials(tmp_pat
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     started = time.monotonic()
     with open(out, "w") as fo, open(err, "w") as fe:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=fo, stderr=fe, env=_env(), start_new_session=True)
+        # Tune saves the sweep's state at most every TUNE_GLOBAL_CHECKPOINT_S (default at least 10 s):
+        # an hour here opens wide the window a killed driver falls into by chance, so the check of
+        # the short trial's saved status below fails without rayline's save at each trial's end.
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=fo, stderr=fe, env={**_env(), "TUNE_GLOBAL_CHECKPOINT_S": "3600"},
+                                start_new_session=True)
     seen: set[int] = set()
     try:
         deadline = time.monotonic() + 240
@@ -168,14 +175,39 @@ def test_a_sweep_whose_driver_was_killed_resumes_keeping_finished_trials(tmp_pat
     assert 0 < max(_states(ws, by_dir[long_id]), default=-1) < ROUNDS[1] - 1, "the long trial was not mid-way when killed"
     long_before = _registered_epoch(by_dir[long_id])
 
-    resumed = subprocess.run([sys.executable, "-m", "rayline.cli", "resume", killed.info.run_id, "--workspace", str(ws),
-                              "--no-serve"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=200)
+    # `rayline run SPEC --resume` finds the killed run (its driver is gone), then gets Ctrl-C once the
+    # long trial has trained on from its checkpoint (a checkpoint that says it resumed).
+    def long_trial_resumed() -> bool:
+        from rayline.train.loop import read_state
+
+        return any((read_state(str(c)) or {}).get("resumed_from") for c in by_dir[long_id].glob("checkpoint_*"))
+
+    rc, out2, err2, seen2 = _interrupt_when(cmd + ["--resume"], tmp_path, long_trial_resumed, timeout_s=240)
+    assert rc == 130, err2[-3000:]
+    assert "Traceback" not in err2 + out2
+    line = _one_line(err2)
+    assert "tuning interrupted" in line and "nothing registered" in line
+    assert "Tuner.restore(" not in line  # Tune's own advice is for Python users; ours names the commands
+    assert _squeezed(f"resume with: rayline run {path} --workspace {ws} --no-serve --resume") in _squeezed(err2)
+    printed = re.search(r"\(or:raylineresume([0-9a-f]+)--workspace", _squeezed(err2))  # the run id it printed
+    assert printed and _squeezed(f"--workspace{ws})") in _squeezed(err2), err2[-2000:]
+    assert client.search_model_versions("name='irisresume'") == []
+    first, interrupted = _pipeline_runs(client, "irisresume")
+    assert (first.info.status, interrupted.info.status) == ("KILLED", "KILLED")  # the killed driver's run ended too
+    assert printed.group(1) == interrupted.info.run_id
+    _assert_no_leftovers(seen2)
+    long_then = _registered_epoch(by_dir[long_id])
+
+    resumed = subprocess.run([sys.executable, "-m", "rayline.cli", "resume", printed.group(1), "--workspace", str(ws),
+                              "--no-serve"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Traceback" not in resumed.stderr + resumed.stdout
 
     runs_now = _pipeline_runs(client, "irisresume")
-    assert [r.info.status for r in runs_now] == ["KILLED", "FINISHED"]  # the killed run is ended as KILLED
+    assert [r.info.status for r in runs_now] == ["KILLED", "KILLED", "FINISHED"]
     assert runs_now[1].data.tags["rayline.resumed_from"] == killed.info.run_id
+    assert runs_now[2].data.tags["rayline.resumed_from"] == interrupted.info.run_id
+    runs_now = [runs_now[0], runs_now[2]]  # below: the killed run and the one that finished
     (version,) = client.search_model_versions("name='irisresume'")
     assert version.run_id == runs_now[1].info.run_id
 
@@ -187,7 +219,7 @@ def test_a_sweep_whose_driver_was_killed_resumes_keeping_finished_trials(tmp_pat
     states = {t: [read_state(str(c)) for c in d.glob("checkpoint_*")] for t, d in final_dirs.items()}
     last = {t: max((s for s in ss if s), key=lambda s: s["epoch"]) for t, ss in states.items()}
     assert last[long_id]["epoch"] == ROUNDS[1] - 1
-    assert last[long_id]["resumed_from"] == [long_before], (long_before, last[long_id]["resumed_from"])
+    assert last[long_id]["resumed_from"] == [long_before, long_then], (long_before, long_then, last[long_id]["resumed_from"])
     assert [row["epoch"] for row in last[long_id]["history"]] == list(range(1, ROUNDS[1], 2))
 
     # The searcher's state was restored: the trials are exactly those an uninterrupted sweep with
@@ -212,7 +244,7 @@ def test_a_sweep_whose_driver_was_killed_resumes_keeping_finished_trials(tmp_pat
     while _alive(seen) and time.monotonic() < killed_at + 90:
         time.sleep(1)
     assert not _alive(seen), f"processes of the killed run alive 90 s after the kill: {_alive(seen)}"
-    print(f"killed after {killed_after:.1f} s; resumed in {resume_s:.1f} s")
+    print(f"killed after {killed_after:.1f} s; resumed, interrupted and resumed again in {resume_s:.1f} s")
 
 
 def _record(runs: Path, experiment: str, run_id: str, status: str, **extra) -> None:
@@ -253,8 +285,11 @@ def test_which_runs_resume_can_take(tmp_path):
                                            r".*\) is still running it \(allowed: stop that process first"):
         find_run(ws, "r-live")
     with pytest.raises(RaylineError, match=r"^resume: run r-far cannot be resumed: it is driven by pid \d+ on elsewhere, "
-                                           r"which this host cannot check: .*resume on that host"):
+                                           r"which this host cannot check: .*resume on that host.*rayline resume r-far --force"):
         find_run(ws, "r-far")
+    assert find_run(ws, "r-far", force=True)["experiment"] == "b-far"  # the user vouches that driver is gone
+    with pytest.raises(RaylineError, match=r"^resume: run r-live cannot be resumed: its driver"):
+        find_run(ws, "r-live", force=True)  # a driver alive on this host: never
     with pytest.raises(RaylineError, match=r"^resume: run r-done cannot be resumed: it finished \(model version 3"):
         find_run(ws, "r-done")
     with pytest.raises(RaylineError, match=r"^resume: run r-older was resumed already, as run r-newer"):
