@@ -11,8 +11,8 @@ boosters), so training is seconds on top of Ray's start-up.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +31,7 @@ _AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 
 def _alive(pids: set[int], but: tuple[str, ...] = ()) -> list[str]:
     return [p for p in _alive_pids(pids) if not any(name in p for name in but)]
+
 
 # Three trials of different lengths (rounds reported every 2): the short one finishes while
 # the long one is mid-way; the third starts only after the short one ends (2 at once). Measured
