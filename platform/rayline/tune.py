@@ -69,14 +69,21 @@ class TrialOutcome:
 class TuneResult:
     winner: TrainResult
     trials: list[TrialOutcome] = field(default_factory=list)
+    winner_variant: int = 0  # which preprocessing variant (PipelineSpace.variants()) the winner trained on
 
 
 def search_space(spec: PipelineSpec) -> dict[str, Any]:
-    """Tune's param_space from `tune.space` (dotted paths stay flat keys)."""
+    """Tune's param_space from `tune.space` (dotted paths stay flat keys).
+
+    Preprocessing paths and a choice of model families become index keys (`data`, `model`,
+    `model[i].params.<p>`: rayline.spec.pipeline_space); `PipelineSpace.overrides` maps a
+    trial's config back to spec paths."""
     from ray import tune
 
+    from rayline.spec.pipeline_space import PipelineSpace
+
     space = {}
-    for path, dist in spec.tune.space.items():
+    for path, dist in PipelineSpace(spec).flat().items():
         (kind, args), = dist.items()
         if spec.tune.search == "grid" or kind == "grid":
             space[path] = tune.grid_search(list(args))
@@ -128,6 +135,12 @@ def total_units(spec: PipelineSpec) -> int:
     The backend says what its unit is (`Backend.total_units`: epochs, or xgboost's
     num_boost_round).
     """
+    from rayline.spec.pipeline_space import FAMILY_KEY, PipelineSpace
+
+    if spec.tune and (families := PipelineSpace(spec).families):
+        # A sweep over model families: the most any family trains (each family's clock is
+        # scaled to this one in trials: `clock_scale`).
+        return max(total_units(family_spec(spec, i)) for i in range(len(families)))
     from rayline.train.catalog import load_backend
 
     top = {path: largest_draw(dist) for path, dist in (spec.tune.space.items() if spec.tune else ())}
@@ -151,6 +164,36 @@ def asha_settings(spec: PipelineSpec) -> dict:
     """
     max_t = total_units(spec)
     return {"time_attr": TIME_ATTR, "max_t": max_t, "grace_period": max(1, max_t // 16), "reduction_factor": 2}
+
+
+def family_spec(spec: PipelineSpec, index: int) -> PipelineSpec:
+    """`spec` as a sweep of family `index` alone (its model, and its sub-space as tune.space)."""
+    from rayline.spec.pipeline_space import FAMILY_KEY, PipelineSpace
+
+    family = PipelineSpace(spec).families[index]
+    raw = spec.model_dump(by_alias=True, exclude_none=True)
+    raw["model"] = family.model
+    raw["tune"]["space"] = {**{k: v for k, v in raw["tune"]["space"].items() if k != FAMILY_KEY},
+                            **{f"model.params.{k}": v for k, v in family.space.items()}}
+    from rayline.spec import parse_spec
+
+    return parse_spec(raw, source="tune.space.model")
+
+
+def clock_scale(spec: PipelineSpec, trial_spec: PipelineSpec) -> float:
+    """How many of the sweep's clock units one of the trial's own units is worth.
+
+    1 unless the sweep chooses among model families whose units differ (epochs against
+    boosting rounds): ASHA, median stopping and the time budget then compare trials at the
+    same fraction of their training, a trial's units scaled to the longest family's."""
+    from rayline.spec.pipeline_space import PipelineSpace
+
+    if not spec.tune or not PipelineSpace(spec).families:
+        return 1.0
+    from rayline.train.catalog import load_backend
+
+    own = load_backend(trial_spec.model.framework).total_units(dict(trial_spec.model.params or {}), trial_spec.train.epochs)
+    return total_units(spec) / max(1, int(own))
 
 
 def tune_dir(storage_path: str, experiment: str) -> str:
@@ -179,17 +222,33 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from rayline.spec import parse_spec
+    from rayline.spec.pipeline_space import PipelineSpace
+
+    sweep = parse_spec(spec_raw)
+    space = PipelineSpace(sweep)
+    spec = apply_overrides(sweep, space.overrides({k: _plain(v) for k, v in config.items()}))
+    # Trials share the data stage's output: one prepared dataset per preprocessing variant.
+    data = data[space.variant_index(config)] if isinstance(data, list) else data
+    scale = clock_scale(sweep, spec)
 
     class _UnitsReportCallback(TuneReportCallback):
         """Tune's report callback, with ASHA's clock (`TIME_ATTR`) added to each report."""
 
         def after_report(self, run_context, metrics, checkpoint):
             if metrics and "epoch" in metrics[0]:
-                metrics = [{**metrics[0], TIME_ATTR: int(metrics[0]["epoch"]) + 1}, *metrics[1:]]
+                units = int(metrics[0]["epoch"]) + 1
+                metrics = [{**metrics[0], TIME_ATTR: units * scale if scale != 1 else units}, *metrics[1:]]
             super().after_report(run_context, metrics, checkpoint)
 
     trial_id = tune.get_context().get_trial_id()
-    spec = apply_overrides(parse_spec(spec_raw), {k: _plain(v) for k, v in config.items()})
+    if sweep.tune.scheduler.scheduler.hands_off_checkpoints:
+        # PBT: the trial reports Tune checkpoints that restart it from another trial's Train
+        # checkpoint under a new Train run (rayline/handoff.py).
+        from rayline.handoff import train_with_handoff
+
+        train_with_handoff(spec, data, storage_path=storage_path, trial_id=trial_id, plan=plan,
+                           search_paths=search_paths, scale=scale)
+        return
     # The Train run's name is the trial's id: a trial resumed after an interruption
     # (`Tuner.restore`) runs under the same id, so Train restores its latest checkpoint.
     train(
@@ -220,12 +279,20 @@ def tune_pipeline(
     latest Train checkpoint). Raises InterruptedRun when Ctrl-C stopped the sweep.
     """
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search import BasicVariantGenerator
+    import time
+
+    from rayline.handoff import locate_trial_best
+    from rayline.schedulers import trial_decisions
+    from rayline.searchers import SEARCHERS
 
     from rayline.resume import SaveOnTrialEnd
 
-    metric = spec.resolved_metric(data.task)
+    from rayline.spec.pipeline_space import PipelineSpace, family_label
+
+    space = PipelineSpace(spec)
+    # `data`: one PreparedData, or a list of them, one per preprocessing variant (in
+    # `space.variants()` order); every variant has the same task and rows.
+    metric = spec.resolved_metric((data[0] if isinstance(data, list) else data).task)
     mode = metric_mode(metric)
     runs_dir = join(storage_path, experiment)  # a path or a URI: rayline.storage reads both
     trainable = tune.with_parameters(
@@ -246,7 +313,8 @@ def tune_pipeline(
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True,
                                    param_space=search_space(spec))
     else:
-        scheduler = ASHAScheduler(**asha_settings(spec)) if spec.tune.scheduler == "asha" else FIFOScheduler()
+        # tune.scheduler and tune.search: one class each (rayline/schedulers.py, rayline/searchers.py).
+        scheduler = spec.tune.scheduler.scheduler.build(spec, spec.tune.scheduler.params, metric=metric, mode=mode)
         tuner = tune.Tuner(
             trainable,
             param_space=search_space(spec),
@@ -255,16 +323,23 @@ def tune_pipeline(
                 mode=mode,
                 num_samples=_num_samples(spec),
                 scheduler=scheduler,
-                # The limit goes to the generator itself: Tune ignores `max_concurrent_trials`
+                # The limit goes to the search algorithm itself: Tune ignores `max_concurrent_trials`
                 # (with only a warning) when the search algorithm is a BasicVariantGenerator.
-                search_alg=BasicVariantGenerator(max_concurrent=plan.concurrent_trials, random_state=spec.data.split.seed),
+                search_alg=SEARCHERS[spec.tune.search].build(spec, metric=metric, mode=mode,
+                                                             concurrency=plan.concurrent_trials),
+                # Tune stops every trial when it runs out (TimeoutStopper); not an interruption.
+                time_budget_s=spec.tune.time_budget_s,
             ),
             # SaveOnTrialEnd: a trial's end is saved before the next trial starts, so a killed
             # driver's sweep never runs a finished trial again on resume (rayline/resume.py).
             run_config=tune.RunConfig(name=os.path.basename(path), storage_path=storage_path, verbose=0,
                                       callbacks=[SaveOnTrialEnd()]),
         )
+    if resume:
+        scheduler = None  # Tune's restored one: its record of decisions is not ours to read
+    started = time.monotonic()
     grid, interrupted = _fit_watching_sigint(tuner)
+    budget_hit = bool(spec.tune.time_budget_s) and time.monotonic() - started >= spec.tune.time_budget_s
     unfinished = len(grid) - grid.num_terminated - grid.num_errors
     if interrupted or unfinished:
         # Tune's SIGINT handler ends fit() normally, with the cut-off trials' results looking
@@ -274,12 +349,15 @@ def tune_pipeline(
         raise InterruptedRun(f"tuning interrupted: the sweep's state ({len(grid)} trials) is saved in {path}")
 
     trials: list[TrialOutcome] = []
+    variant_of: dict[str, int] = {}
+    max_units = total_units(spec)  # the scheduler's clock at its end: a trial there trained every unit
     for result in grid:
         trial_id = _trial_id(result) or "unknown"
-        overrides = {k: _plain(v) for k, v in (result.config or {}).items()}
-        run_dir = join(runs_dir, f"trial-{trial_id}")
+        config = {k: _plain(v) for k, v in (result.config or {}).items()}
+        overrides = space.overrides(config)  # by spec path: what the trial trained, as MLflow records it
         try:
-            best = locate_best(run_dir, metric, mode)
+            # Its own Train run, and any PBT restarted it under (rayline/handoff.py).
+            best = locate_trial_best(runs_dir, trial_id, metric, mode)
             best.overrides = overrides
         except TrainingError:
             best = None
@@ -287,16 +365,25 @@ def tune_pipeline(
             status, error = "error", str(result.error).strip().splitlines()[-1][:300]
         else:
             status, error = "terminated", None  # finished, or stopped early by the scheduler
-        trials.append(TrialOutcome(trial_id=trial_id, overrides=overrides, status=status, result=best, error=error))
+        trials.append(TrialOutcome(trial_id=trial_id, overrides=overrides, status=status, result=best, error=error,
+                                   family=family_label(overrides.get("model", spec.model)),
+                                   # stop_reason, units_trained, events: what the scheduler decided
+                                   **trial_decisions(scheduler, result, best, trial_id=trial_id, runs_dir=runs_dir,
+                                                     max_units=max_units, budget_hit=budget_hit)))
+        variant_of[trial_id] = space.variant_index(config)
 
     scored = [t for t in trials if t.result is not None and metric in t.result.metrics]
+    if not scored and budget_hit:
+        raise TrainingError(f"tune.time_budget_s: the sweep's {spec.tune.time_budget_s:g} s ran out before any trial "
+                            "reported a metric (allowed: a longer budget; a trial's first report comes after its "
+                            "Train run starts and one epoch or round trains)")
     if not scored:
         errors = "; ".join(f"trial {t.trial_id}: {t.error}" for t in trials if t.error) or "no trial reported a metric"
         raise TrainingError(f"every tuning trial failed: {errors}")
     sign = 1 if mode == "max" else -1
     winner = max(scored, key=lambda t: sign * t.result.metrics[metric])
     log.info("tune winner %s with %s=%s", winner.trial_id, metric, winner.result.metrics[metric])
-    return TuneResult(winner=winner.result, trials=trials)
+    return TuneResult(winner=winner.result, trials=trials, winner_variant=variant_of.get(winner.trial_id, 0))
 
 
 def _trial_id(result) -> str | None:
