@@ -1,0 +1,172 @@
+"""Search and scheduling strategies end to end on tiny sweeps: optuna, median stopping, PBT, time budget.
+
+Each sweep runs in-process on the session's Ray (2 CPUs): iris, one Train worker per trial,
+a few epochs, two trials at once.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+import pytest
+
+from rayline.spec import parse_spec
+from rayline.storage import list_names
+from rayline.train.loop import read_state
+from tests.integration.conftest import run
+
+IRIS = {"format": "sklearn", "name": "iris"}
+
+
+def _raw(name: str, *, framework: str = "torch", epochs: int = 6, tune: dict, serve: bool = False,
+         source: dict = IRIS, label: str = "target", batch_size: int = 16) -> dict:
+    raw = {
+        "name": name,
+        "data": {"source": source, "label": label, "split": {"valid": 0.2, "test": 0.2, "seed": 0},
+                 "preprocess": [{"standard_scale": {"columns": "numeric"}}]},
+        "task": "classification",
+        "model": {"framework": framework, "kind": "mlp", "params": {"hidden_sizes": [16]}},
+        "train": {"workers": 1, "epochs": epochs, "batch_size": batch_size, "optimizer": {"name": "adam", "lr": 0.01},
+                  "metric": "accuracy"},
+        "tune": {"max_concurrent": 2, **tune},
+    }
+    if serve:
+        raw["serve"] = {"route": f"/{name}", "replicas": {"min": 1, "max": 1}}
+    return raw
+
+
+def _experiment_dir(summary) -> str:
+    """The sweep's folder of Train runs (every trial's runs are in it)."""
+    (folder,) = {t.result.run_dir.rsplit("/", 1)[0] for t in summary.trials if t.result is not None}
+    return folder
+
+
+def test_optuna_sweep_with_list_choices_trains_and_records_them(ray_session, ws):
+    # A choice of lists (layer sizes) is drawn by index for Optuna and reaches the trial as the list.
+    spec = parse_spec(_raw("optuna-iris", epochs=3, tune={
+        "search": "optuna", "seed": 7, "num_samples": 3, "scheduler": "fifo",
+        "space": {"train.optimizer.lr": {"loguniform": [0.003, 0.05]},
+                  "model.params.hidden_sizes": {"choice": [[8], [16, 8]]}}}))
+    summary = run(spec, ws, deploy=False)
+    assert len(summary.trials) == 3
+    for trial in summary.trials:
+        assert trial.overrides["model.params.hidden_sizes"] in ([8], [16, 8])
+        assert trial.stop_reason == "completed" and trial.units_trained == 3, trial
+        assert trial.result is not None and "accuracy" in trial.result.metrics
+
+
+def test_median_stopping_cuts_trials_on_the_units_clock(ray_session, ws):
+    # One trial at a time, a learning rate that learns first: the median rule compares a trial
+    # only with trials already past the same point, so the one too slow to learn anything in 6
+    # epochs is compared with it from its first epoch on.
+    raw = _raw("median-iris", epochs=6, tune={
+        "num_samples": 1, "search": "grid", "scheduler": {"median": {"grace_period": 1, "min_samples_required": 1}},
+        "space": {"train.optimizer.lr": {"grid": [0.05, 0.00001]}}})
+    raw["tune"]["max_concurrent"] = 1
+    spec = parse_spec(raw)
+    summary = run(spec, ws, deploy=False)
+    reasons = {t.trial_id: (t.stop_reason, t.units_trained) for t in summary.trials}
+    assert sorted(reasons.values()) == [("completed", 6), ("early_stopped", 1)], reasons
+    for t in summary.trials:
+        if t.stop_reason == "early_stopped":
+            assert len(t.result.history) == t.units_trained  # one row per epoch it trained
+
+
+def test_time_budget_stops_the_sweep_and_picks_among_stopped_trials(ray_session, ws):
+    # Trials far longer than the budget: every one that started is cut by it.
+    spec = parse_spec(_raw("budget-iris", epochs=5000, tune={
+        "num_samples": 3, "scheduler": "fifo", "time_budget_s": 60,
+        "space": {"train.optimizer.lr": {"loguniform": [0.003, 0.05]}}}))
+    t0 = time.monotonic()
+    summary = run(spec, ws, deploy=False)
+    assert time.monotonic() - t0 < 180
+    trained = [t for t in summary.trials if t.result is not None]
+    assert trained and all(t.stop_reason == "time_budget" for t in summary.trials), \
+        [(t.trial_id, t.stop_reason, t.units_trained) for t in summary.trials]
+    assert all(0 < t.units_trained < 5000 for t in trained)
+    assert summary.version  # registered: the winner among the stopped trials
+    _wait_for_free_cpus()  # no Train run or placement group left behind
+
+
+def _wait_for_free_cpus(timeout_s: float = 60):
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    total = ray.cluster_resources().get("CPU", 0)
+    while ray.available_resources().get("CPU", 0) < total - 0.05:
+        assert time.monotonic() < deadline, f"CPUs still held: {ray.available_resources()} of {ray.cluster_resources()}"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def blobs_csv(tmp_path_factory) -> str:
+    """12000 rows, 3 classes: an epoch takes seconds, so the two trials of a PBT sweep overlap
+    at its perturbation points even when one Train run starts many seconds after the other
+    (iris trains 6 epochs in well under a second: the first trial ended before the second began)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(12000, 4))
+    label = np.argmax(x[:, :3] + 0.3 * rng.normal(size=(12000, 3)), axis=1)
+    path = tmp_path_factory.mktemp("blobs") / "blobs.csv"
+    pd.DataFrame({**{f"x{i}": x[:, i] for i in range(4)}, "label": label}).to_csv(path, index=False)
+    return str(path)
+
+
+def _pbt_sweep(name: str, framework: str, csv: str):
+    # Two trials, one with a learning rate that cannot learn: at each perturbation point the
+    # worse one continues from a copy of the better one's checkpoint.
+    return parse_spec(_raw(name, framework=framework, epochs=6, source={"format": "csv", "path": csv}, label="label",
+                           batch_size=8, tune={
+        "num_samples": 1, "search": "grid",
+        "scheduler": {"pbt": {"perturbation_interval": 2, "quantile_fraction": 0.5, "resample_probability": 0.0}},
+        "space": {"train.optimizer.lr": {"grid": [0.000001, 0.01]}}}))
+
+
+def _assert_exploited(summary):
+    exploits = [(t, e) for t in summary.trials for e in t.events if e["kind"] == "exploit"]
+    assert exploits, [(t.trial_id, t.events) for t in summary.trials]
+    trial, event = exploits[0]
+    donor = next(t for t in summary.trials if t.trial_id == event["from_trial"])
+    assert set(event["config"]) == {"train.optimizer.lr"} and event["unit"] >= 2
+    base = _experiment_dir(summary)
+    restarted = f"trial-{trial.trial_id}-from-{donor.trial_id}-u{event['unit']}"
+    assert restarted in list_names(base), list_names(base)
+    # The restarted run began from the donor's checkpoint at that epoch: its first checkpoint's
+    # history is the donor's up to there (weights and epoch came with it), then one epoch of its own.
+    names = sorted(n for n in list_names(f"{base}/{restarted}") if n.startswith("checkpoint_"))
+    first = read_state(f"{base}/{restarted}/{names[0]}")
+    assert first["epoch"] == event["unit"] and first["resumed_from"][-1] == event["unit"] - 1
+    donor_rows = {r["epoch"]: r for r in read_state(_first_checkpoint_at(f"{base}/trial-{donor.trial_id}",
+                                                                          event["unit"] - 1))["history"]}
+    for row in first["history"][: event["unit"]]:
+        assert row == donor_rows[row["epoch"]]
+    # Every trial trained the whole run (PBT stops nobody); its units count across its Train runs.
+    assert all(t.stop_reason == "completed" and t.units_trained == 6 for t in summary.trials)
+    return trial
+
+
+def _first_checkpoint_at(run_dir: str, epoch: int) -> str:
+    for name in sorted(list_names(run_dir)):
+        if name.startswith("checkpoint_") and (read_state(f"{run_dir}/{name}") or {}).get("epoch") == epoch:
+            return f"{run_dir}/{name}"
+    raise AssertionError(f"no checkpoint of epoch {epoch} in {run_dir}")
+
+
+def test_pbt_torch_exploits_the_better_trial_and_registers_a_servable_winner(ray_session, ws, blobs_csv):
+    from rayline import load_model
+
+    summary = run(_pbt_sweep("pbt-torch", "torch", blobs_csv), ws, deploy=False)
+    _assert_exploited(summary)
+    assert summary.valid_metrics["accuracy"] > 0.7 and summary.test_metrics["accuracy"] > 0.7
+    # The registered version loads as a Serve replica loads it, and predicts the classes.
+    model = load_model(summary.name, summary.version, workspace=str(ws.root))
+    rows = [{"x0": 3.0, "x1": -3.0, "x2": -3.0, "x3": 0.0}, {"x0": -3.0, "x1": -3.0, "x2": 3.0, "x3": 0.0}]
+    assert model.predict(rows)["predictions"] == [0, 2]
+
+
+def test_pbt_tensorflow_exploits(ray_session, ws, blobs_csv):
+    summary = run(_pbt_sweep("pbt-tf", "tensorflow", blobs_csv), ws, deploy=False)
+    _assert_exploited(summary)
