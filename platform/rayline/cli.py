@@ -59,7 +59,11 @@ def validate(specs: List[Path] = typer.Argument(..., help="Pipeline spec files."
             failed += 1
             err_console.print(styled(("✗", "red"), f" {exc}"))
             continue
-        console.print(styled(("✓", "green"), f" {path}: {spec.name} ({spec.model.framework}"
+        from rayline.spec.pipeline_space import PipelineSpace
+
+        families = PipelineSpace(spec).families if spec.tune else None
+        what = " or ".join(f.label for f in families) if families else spec.model.framework
+        console.print(styled(("✓", "green"), f" {path}: {spec.name} ({what}"
                              f"{', tune ' + str(spec.tune.num_samples) + ' trials' if spec.tune else ''}"
                              f"{', served at ' + spec.route if spec.serve else ''})"))
     if failed:
@@ -231,16 +235,31 @@ def _print_summary(summary, spec) -> None:
     console.print(table)
     if len(summary.trials) > 1:
         trials = Table(title="trials", show_header=True)
+        families = len({t.family for t in summary.trials}) > 1
         trials.add_column("trial")
+        if families:
+            trials.add_column("family")
         trials.add_column("overrides")
         trials.add_column(summary.metric, justify="right")
         trials.add_column("epochs", justify="right")
         trials.add_column("status")
         for t in summary.trials:
             score = t.result.metrics.get(summary.metric) if t.result else None
-            trials.add_row(t.trial_id, json.dumps(t.overrides), f"{score:.4f}" if score is not None else "-",
+            # A family's whole `model` mapping is in its own column, not repeated in the overrides.
+            shown = {k: v for k, v in t.overrides.items() if not (families and k == "model")}
+            trials.add_row(t.trial_id, *([t.family or "-"] if families else []), json.dumps(shown),
+                           f"{score:.4f}" if score is not None else "-",
                            str(len(t.result.history)) if t.result else "-", t.status)
         console.print(trials)
+    if summary.leaderboard:
+        board = Table(title="model families (best trial of each)", show_header=True)
+        for column, justify in (("family", "left"), (summary.metric, "right"), ("trial", "left"), ("trials", "right")):
+            board.add_column(column, justify=justify)
+        for row in summary.leaderboard:
+            board.add_row(row.family, f"{row.value:.4f}", row.trial_id, str(row.trials))
+        console.print(board)
+    if summary.data_variants > 1:
+        console.print(f"data stage: {summary.data_variants} preprocessing variants, prepared once each and shared by the trials")
     console.print(styled("registered: model ", (summary.name, "bold"), " version ", (str(summary.version), "bold"),
                          f" (MLflow run {summary.run_id})"))
     if getattr(summary, "report", None):

@@ -42,6 +42,9 @@ class RunSummary:
     resumed_from: list = field(default_factory=list)
     resumed_run: str | None = None  # `--resume`: the interrupted run (experiment) this one continued
     seconds: dict = field(default_factory=dict)
+    # A sweep over model families: the best trial of each, best first (`leaderboard`).
+    leaderboard: list = field(default_factory=list)
+    data_variants: int = 1  # preprocessing configurations the data stage prepared (one data stage each)
     report: str | None = None  # the sweep report (HTML; rayline.report), written after registering a sweep
 
 
@@ -244,7 +247,7 @@ def run_pipeline(
     """
     import ray
 
-    from rayline.data import prepare_data
+    from rayline.data import prepare_variants
     from rayline.model import Predictor, write_artifact
     from rayline.registry import Registry
     from rayline.resources import plan_resources
@@ -273,8 +276,16 @@ def run_pipeline(
     check_shared(ws.location)
     on_stage("data", "start", f"{spec.data.source.format} {spec.data.source.name or spec.data.source.path}")
     t0 = time.monotonic()
+    from rayline.spec.pipeline_space import PipelineSpace
+
+    # A sweep over preprocessing: one data stage per distinct configuration, before the trials,
+    # which share them (the read and the split happen once for all).
+    variants = PipelineSpace(spec).variants() if spec.tune else [{}]
     try:
-        data = prepare_data(spec)
+        from rayline.spec import apply_overrides as _with
+
+        prepared = prepare_variants(spec, [_with(spec, v) if v else spec for v in variants])
+        data = prepared[0]
     except KeyboardInterrupt as exc:
         raise InterruptedRun("interrupted while preparing data: nothing was trained or registered") from exc
     if previous and previous.get("fingerprint") != data.fingerprint:
@@ -283,7 +294,8 @@ def run_pipeline(
                          "or run without --resume to start over)"])
     seconds["data"] = time.monotonic() - t0
     on_stage("data", "done", f"{data.rows['train']}/{data.rows['valid']}/{data.rows['test']} rows, "
-             f"{len(data.preprocessing.output_columns)} features, {data.task}")
+             f"{len(data.preprocessing.output_columns)} features, {data.task}"
+             + (f", {len(prepared)} preprocessing variants" if len(prepared) > 1 else ""))
 
     concurrency = spec.tune.max_concurrent if spec.tune else 1
 
@@ -325,9 +337,10 @@ def run_pipeline(
         if spec.tune:
             on_stage("train", "start", f"{'resuming ' if previous else ''}tuning: {spec.tune.num_samples} trials, "
                      f"{plan.concurrent_trials} at once, {plan.workers_text()} x {plan.cpus_per_worker:g} CPU")
-            outcome = tune_pipeline(spec, data, storage_path=ws.runs_dir, experiment=experiment, plan=plan, search_paths=paths,
+            outcome = tune_pipeline(spec, prepared if len(prepared) > 1 else data, storage_path=ws.runs_dir, experiment=experiment, plan=plan, search_paths=paths,
                                     resume=bool(previous))
             winner, trials = outcome.winner, outcome.trials
+            data = prepared[outcome.winner_variant]  # the winner's own preprocessing is the one registered
         else:
             on_stage("train", "start", f"{'resuming: ' if previous else ''}{plan.workers_text()} x "
                      f"{plan.cpus_per_worker:g} CPU, {spec.train.epochs} epochs")
@@ -346,6 +359,12 @@ def run_pipeline(
                                trial.result.history if trial.result else [], winner=trial.result is winner,
                                stop_reason=trial.stop_reason, units_trained=trial.units_trained,
                                events=trial.events, family=trial.family)
+        from rayline.leaderboard import family_leaderboard
+        from rayline.spec import metric_mode
+
+        leaderboard = family_leaderboard(trials, metric, metric_mode(metric)) if spec.tune else []
+        if len(leaderboard) > 1:  # a sweep over model families
+            registry.log_leaderboard(run_id, metric, leaderboard)
         winning_spec = spec
         if winner.overrides:
             from rayline.spec import apply_overrides
@@ -363,7 +382,7 @@ def run_pipeline(
                 spec=winning_spec,
                 metrics={k: v for k, v in winner.metrics.items() if k not in _BOOKKEEPING},
                 fingerprint=data.fingerprint,
-                versions=load_backend(spec.model.framework).versions(),
+                versions=load_backend(winning_spec.model.framework).versions(),
             )
             test_metrics = Predictor(artifact).evaluate(data.test_frame)
             _add_test_metrics(artifact, test_metrics)
@@ -371,7 +390,7 @@ def run_pipeline(
                 run_id, spec.name, artifact,
                 metrics={**{f"valid_{k}": v for k, v in winner.metrics.items() if k not in _BOOKKEEPING},
                          **{f"test_{k}": v for k, v in test_metrics.items()}},
-                tags={"framework": spec.model.framework, "task": data.task, "metric": metric,
+                tags={"framework": winning_spec.model.framework, "task": data.task, "metric": metric,
                       f"valid_{metric}": winner.metrics[metric], "data_fingerprint": data.fingerprint},
                 input_example=data.test_frame,
             )
@@ -433,7 +452,8 @@ def run_pipeline(
         name=spec.name, version=mv.version, task=data.task, metric=metric,
         valid_metrics=winner.metrics, test_metrics=test_metrics, trials=trials, endpoint=endpoint,
         run_id=run_id, rows=data.rows, resumed_from=winner.resumed_from, seconds=seconds,
-        resumed_run=experiment if previous else None, report=report,
+        resumed_run=experiment if previous else None, leaderboard=leaderboard if len(leaderboard) > 1 else [],
+        data_variants=len(prepared), report=report,
     )
 
 
