@@ -140,3 +140,14 @@ def test_the_example_pipeline_search_validates_and_names_both_families():
     proc = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "breast-cancer-search (torch/mlp or xgboost/gbdt, tune 8 trials" in proc.stdout
+
+
+def test_the_pbt_example_validates():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "pipelines" / "search" / "digits-pbt.yaml"
+    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "digits-pbt (torch, tune 4 trials" in proc.stdout
