@@ -44,15 +44,15 @@ def _experiment_dir(summary) -> str:
 
 def test_optuna_sweep_with_list_choices_trains_and_records_them(ray_session, ws):
     # A choice of lists (layer sizes) is drawn by index for Optuna and reaches the trial as the list.
-    spec = parse_spec(_raw("optuna-iris", epochs=3, tune={
-        "search": "optuna", "seed": 7, "num_samples": 3, "scheduler": "fifo",
+    spec = parse_spec(_raw("optuna-iris", epochs=2, tune={
+        "search": "optuna", "seed": 7, "num_samples": 2, "scheduler": "fifo",
         "space": {"train.optimizer.lr": {"loguniform": [0.003, 0.05]},
                   "model.params.hidden_sizes": {"choice": [[8], [16, 8]]}}}))
     summary = run(spec, ws, deploy=False)
-    assert len(summary.trials) == 3
+    assert len(summary.trials) == 2
     for trial in summary.trials:
         assert trial.overrides["model.params.hidden_sizes"] in ([8], [16, 8])
-        assert trial.stop_reason == "completed" and trial.units_trained == 3, trial
+        assert trial.stop_reason == "completed" and trial.units_trained == 2, trial
         assert trial.result is not None and "accuracy" in trial.result.metrics
 
 
