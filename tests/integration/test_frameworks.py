@@ -37,23 +37,6 @@ def test_tensorflow_multiworker_end_to_end(ray_session, ws):
     assert accuracy >= 0.85, accuracy
 
 
-def test_xgboost_sweep_picks_best_trial_and_serves_it(ray_session, ws):
-    from rayline.spec import apply_overrides, load_spec
-
-    spec = apply_overrides(load_spec(ROOT / "pipelines" / "breast-cancer-xgboost.yaml"),
-                           {"tune.num_samples": 2, "model.params.num_boost_round": 30})
-    summary = run(spec, ws)
-    assert len(summary.trials) == 2
-    best = max(t.result.metrics["roc_auc"] for t in summary.trials)
-    assert summary.valid_metrics["roc_auc"] == best
-    winner = next(t for t in summary.trials if t.result.metrics["roc_auc"] == best)
-    meta = httpx.get(f"{summary.endpoint}/metadata", timeout=30).json()
-    assert meta["metrics"]["roc_auc"] == pytest.approx(best)
-    assert set(winner.overrides) == {"model.params.max_depth", "model.params.eta"}
-    accuracy = _served_and_identical(summary, ws, spec)
-    assert accuracy >= 0.9, accuracy
-
-
 @pytest.mark.parametrize("framework, model", [
     ("tensorflow", {"framework": "tensorflow", "kind": "mlp", "params": {"hidden_sizes": [32]}}),
     ("xgboost", {"framework": "xgboost", "kind": "gbdt", "params": {"max_depth": 3, "num_boost_round": 20}}),
