@@ -109,23 +109,10 @@ def run(
 
     with console.status("connecting to Ray..."):
         conn = connect(ws, address, verbose=verbose, ingress=ingress)
-    try:
-        # Ctrl-C's message repeats this very command (same spec, workspace and --set options) with --resume.
-        again = ["rayline", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"])
-        summary = _run_with_progress(spec, ws, str(spec_path), not no_serve, host, port,
-                                     resume=resume, resume_command=shlex.join(again))
-        _print_summary(summary, spec)
-        if summary.endpoint and conn.embedded and not exit_after_deploy:
-            console.print(styled("\nServing ", (summary.endpoint, "bold"), " from an embedded Ray. Press Ctrl-C to stop."))
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                console.print("stopping...")
-        elif summary.endpoint and not conn.embedded:
-            console.print(f"\nThe endpoint stays up on the cluster at {conn.address}.")
-    finally:
-        conn.shutdown()
+    # Ctrl-C's message repeats this very command (same spec, workspace and --set options) with --resume.
+    again = ["rayline", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"])
+    _run_and_serve(conn, spec, ws, str(spec_path), not no_serve, host, port, exit_after_deploy,
+                   resume=resume, resume_command=shlex.join(again))
 
 
 @app.command()
@@ -161,10 +148,14 @@ def resume(
 
     with console.status("connecting to Ray..."):
         conn = connect(ws, address, verbose=verbose, ingress=ingress)
+    _run_and_serve(conn, spec, ws, record.get("spec_path") or None, not no_serve, host, port, exit_after_deploy,
+                   resume=run_id, resume_command=shlex.join(["rayline", *sys.argv[1:]]), resume_force=force)
+
+
+def _run_and_serve(conn, spec, ws, spec_path, deploy, host, port, exit_after_deploy, **options) -> None:
+    """Run the pipeline, print its summary, and with an embedded Ray serve until Ctrl-C; Ray is let go after."""
     try:
-        summary = _run_with_progress(spec, ws, record.get("spec_path") or None, not no_serve, host, port,
-                                     resume=run_id, resume_command=shlex.join(["rayline", *sys.argv[1:]]),
-                                     resume_force=force)
+        summary = _run_with_progress(spec, ws, spec_path, deploy, host, port, **options)
         _print_summary(summary, spec)
         if summary.endpoint and conn.embedded and not exit_after_deploy:
             console.print(styled("\nServing ", (summary.endpoint, "bold"), " from an embedded Ray. Press Ctrl-C to stop."))
