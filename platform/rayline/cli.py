@@ -259,6 +259,11 @@ def _print_summary(summary, spec) -> None:
         console.print(f"resumed the interrupted run {summary.resumed_run}"
                       + (f": training continued from the checkpoints of epochs {summary.resumed_from}"
                          if summary.resumed_from else ""))
+    elif summary.resumed_from and _pbt(spec):
+        # PBT pauses trials and restarts them from a checkpoint (their own, or a better trial's):
+        # those restarts are in the winner's record beside any worker failure's.
+        console.print(f"restarts (PBT pauses and exploits, or worker failures): the winner's training continued "
+                      f"from the checkpoints of epochs {summary.resumed_from}")
     elif summary.resumed_from:
         console.print(f"worker failures: training restarted from the checkpoints of epochs {summary.resumed_from}")
     if summary.endpoint:
@@ -267,6 +272,11 @@ def _print_summary(summary, spec) -> None:
         console.print(styled("endpoint: ", (summary.endpoint, "bold"), f"  (docs: {summary.endpoint}/docs)"))
         console.print("try:")
         print(f"  curl -s -X POST {summary.endpoint}/predict -H 'Content-Type: application/json' -d '{body}'")
+
+
+def _pbt(spec) -> bool:
+    scheduler = spec.tune.scheduler if spec is not None and spec.tune is not None else None
+    return scheduler is not None and scheduler == "pbt"
 
 
 def _example_instance(spec) -> dict:

@@ -55,6 +55,22 @@ def test_run_summary_prints_markup_like_names_verbatim():
         assert raw in text, raw
 
 
+def test_a_pbt_winners_restarts_are_not_called_worker_failures():
+    from rayline.spec import parse_spec
+
+    raw = {"name": "p", "data": {"source": {"format": "sklearn", "name": "iris"}, "label": "target"},
+           "model": {"framework": "torch", "kind": "mlp"},
+           "tune": {"scheduler": {"pbt": {"perturbation_interval": 2}}, "space": {"train.optimizer.lr": {"loguniform": [1e-3, 1e-1]}}}}
+    summary = RunSummary(name="p", version="1", task="classification", metric="accuracy", valid_metrics={"accuracy": 0.9},
+                         test_metrics={"accuracy": 0.9}, run_id="r", resumed_from=[5])
+    for scheduler, expected in (({"pbt": {"perturbation_interval": 2}}, "restarts (PBT pauses and exploits, or worker failures)"),
+                                ("asha", "worker failures: training restarted from the checkpoints of epochs [5]")):
+        spec = parse_spec({**raw, "tune": {**raw["tune"], "scheduler": scheduler}})
+        with console.capture() as captured:
+            cli._print_summary(summary, spec=spec)
+        assert expected in captured.get()
+
+
 def _run_main(monkeypatch, capsys, exc_factory, debug: bool):
     probe = typer.Typer()
 
