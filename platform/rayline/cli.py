@@ -46,6 +46,19 @@ def _ws(path: Optional[Path]):
     return workspace(path)
 
 
+# The options `rayline run` and `rayline resume` share (both run a pipeline, then serve it).
+RunAddressOpt = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS, "
+                             "a head from `rayline cluster up`, else an embedded Ray).")
+ServeHostOpt = typer.Option("127.0.0.1", "--host", help="HTTP host for Ray Serve.")
+ServePortOpt = typer.Option(8000, "--port", help="HTTP port for Ray Serve.")
+NoServeOpt = typer.Option(False, "--no-serve", help="Train and register only.")
+ExitAfterDeployOpt = typer.Option(False, "--exit-after-deploy",
+                                  help="With an embedded Ray, stop after deploying instead of serving until Ctrl-C.")
+VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show Ray's own logs.")
+IngressOpt = typer.Option(None, "--ingress", help="Serve ingress of an embedded Ray: haproxy (default; "
+                          "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy).")
+
+
 @app.command()
 def validate(specs: List[Path] = typer.Argument(..., help="Pipeline spec files.")) -> None:
     """Check specs (keys, types, values, search-space paths, data columns) without running anything."""
@@ -81,17 +94,14 @@ def schema() -> None:
 @app.command()
 def run(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Pipeline spec file."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS, "
-                                          "a head from `rayline cluster up`, else an embedded Ray)."),
+    address: Optional[str] = RunAddressOpt,
     workspace: Optional[Path] = WorkspaceOpt,
-    host: str = typer.Option("127.0.0.1", help="HTTP host for Ray Serve."),
-    port: int = typer.Option(8000, help="HTTP port for Ray Serve."),
-    no_serve: bool = typer.Option(False, "--no-serve", help="Train and register only."),
-    exit_after_deploy: bool = typer.Option(False, "--exit-after-deploy",
-                                           help="With an embedded Ray, stop after deploying instead of serving until Ctrl-C."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Ray's own logs."),
-    ingress: Optional[str] = typer.Option(None, "--ingress", help="Serve ingress of an embedded Ray: haproxy (default; "
-                                          "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy)."),
+    host: str = ServeHostOpt,
+    port: int = ServePortOpt,
+    no_serve: bool = NoServeOpt,
+    exit_after_deploy: bool = ExitAfterDeployOpt,
+    verbose: bool = VerboseOpt,
+    ingress: Optional[str] = IngressOpt,
     set_: List[str] = typer.Option([], "--set", metavar="PATH=VALUE",
                                    help="Override a spec key, e.g. --set train.epochs=2 --set tune.num_samples=2 (VALUE is YAML)."),
     resume: bool = typer.Option(False, "--resume", help="Continue this spec's newest interrupted run in the workspace "
@@ -119,17 +129,14 @@ def run(
 def resume(
     run_id: str = typer.Argument(..., metavar="RUN_ID", help="The interrupted pipeline's MLflow run id "
                                  "(its interruption message names it)."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS, "
-                                          "a head from `rayline cluster up`, else an embedded Ray)."),
+    address: Optional[str] = RunAddressOpt,
     workspace: Optional[Path] = WorkspaceOpt,
-    host: str = typer.Option("127.0.0.1", help="HTTP host for Ray Serve."),
-    port: int = typer.Option(8000, help="HTTP port for Ray Serve."),
-    no_serve: bool = typer.Option(False, "--no-serve", help="Train and register only."),
-    exit_after_deploy: bool = typer.Option(False, "--exit-after-deploy",
-                                           help="With an embedded Ray, stop after deploying instead of serving until Ctrl-C."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Ray's own logs."),
-    ingress: Optional[str] = typer.Option(None, "--ingress", help="Serve ingress of an embedded Ray: haproxy (default; "
-                                          "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy)."),
+    host: str = ServeHostOpt,
+    port: int = ServePortOpt,
+    no_serve: bool = NoServeOpt,
+    exit_after_deploy: bool = ExitAfterDeployOpt,
+    verbose: bool = VerboseOpt,
+    ingress: Optional[str] = IngressOpt,
     force: bool = typer.Option(False, "--force", help="Resume a run whose driver ran on another host (rayline cannot "
                                "check a pid there): only once you know that driver is gone. A driver alive on this "
                                "host is never overridden."),
