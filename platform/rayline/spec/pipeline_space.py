@@ -194,8 +194,7 @@ def check_families(spec, dist: Any) -> list[Problem]:
     if not isinstance(options, list) or len(options) < 2:
         return [Problem(at + (kind,), "needs at least two model families", got=repr(options))]
     problems: list[Problem] = []
-    pbt = _scheduler_name(spec) == "pbt"
-    if pbt:
+    if spec.tune.scheduler == "pbt":  # a name, or a {pbt: {...}} choice (which compares equal to its name)
         problems.append(Problem(("tune", "scheduler"), "pbt copies one trial's weights into another, so every trial "
                                 "must train the same model family", got="pbt with tune.space.model",
                                 allowed="asha, median, fifo with a choice of families; or pbt over one family"))
@@ -236,18 +235,6 @@ def check_families(spec, dist: Any) -> list[Problem]:
                                     "params as a choice", got=label))
         seen.add(label)
     return problems
-
-
-def _scheduler_name(spec) -> str:
-    scheduler = spec.tune.scheduler
-    if isinstance(scheduler, str):
-        return scheduler
-    name = getattr(scheduler, "name", None)
-    if name:
-        return name
-    if isinstance(scheduler, dict) and len(scheduler) == 1:
-        return next(iter(scheduler))
-    return type(scheduler).__name__.lower()
 
 
 def _family_problems(exc: Exception, where: tuple) -> list[Problem]:
