@@ -274,6 +274,11 @@ def run_pipeline(
     # On a multi-node cluster a node-local workspace path would lose checkpoints written on
     # other nodes: fail now, before any work, naming a node that does not see it.
     check_shared(ws.location)
+    from rayline.orphans import release_orphaned_placement_groups, sweep_in_background
+
+    # A Train run killed earlier in this driver (a stopped trial of a previous sweep) may have
+    # left its placement group holding CPUs: this run's reads and plan get them back first.
+    release_orphaned_placement_groups()
     on_stage("data", "start", f"{spec.data.source.format} {spec.data.source.name or spec.data.source.path}")
     t0 = time.monotonic()
     from rayline.spec.pipeline_space import PipelineSpace
@@ -348,6 +353,9 @@ def run_pipeline(
             winner = train(spec, data, storage_path=folder, run_name="train", plan=plan, search_paths=paths)
             trials = [TrialOutcome(trial_id="train", overrides={}, status="terminated", result=winner)]
         seconds["train"] = time.monotonic() - t0
+        # Trials Tune stopped as the sweep ended: their groups appear a moment after fit()
+        # returns; freed in the background while the winner is registered and served.
+        sweep_in_background()
         on_stage("train", "done", f"best {metric}={winner.metrics[metric]:.4f} (epoch {winner.metrics['epoch']:g})")
 
         from rayline.redact import redact_uri
@@ -399,6 +407,7 @@ def run_pipeline(
         seconds["register"] = time.monotonic() - t0
         on_stage("register", "done", f"model {spec.name} version {mv.version}")
     except (InterruptedRun, KeyboardInterrupt) as exc:
+        sweep_in_background()  # the cut-off Train runs' groups, in a driver that lives on
         _end_run(registry, run_id, "KILLED")
         # A sweep or a training run resumes from its saved state (Tune's, or Train's checkpoints).
         _write_record(folder, {**record, "status": "interrupted"})
@@ -408,6 +417,7 @@ def run_pipeline(
                              f"resume with: {resume_command} (or: {shlex.join(['rayline', 'resume', run_id, '--workspace', ws.location])})"
                              ) from exc
     except BaseException:
+        sweep_in_background()
         _end_run(registry, run_id, "FAILED")
         _write_record(folder, {**record, "status": "failed"})
         raise

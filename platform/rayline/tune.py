@@ -285,6 +285,7 @@ def tune_pipeline(
     from rayline.schedulers import trial_decisions
     from rayline.searchers import SEARCHERS
 
+    from rayline.orphans import ReleaseOrphansCallback
     from rayline.resume import SaveOnTrialEnd
 
     from rayline.spec.pipeline_space import PipelineSpace, family_label
@@ -330,10 +331,11 @@ def tune_pipeline(
                 # Tune stops every trial when it runs out (TimeoutStopper); not an interruption.
                 time_budget_s=spec.tune.time_budget_s,
             ),
+            # ReleaseOrphansCallback: a killed trial's Train placement group is freed for the next.
             # SaveOnTrialEnd: a trial's end is saved before the next trial starts, so a killed
             # driver's sweep never runs a finished trial again on resume (rayline/resume.py).
             run_config=tune.RunConfig(name=os.path.basename(path), storage_path=storage_path, verbose=0,
-                                      callbacks=[SaveOnTrialEnd()]),
+                                      callbacks=[SaveOnTrialEnd(), ReleaseOrphansCallback()]),
         )
     if resume:
         scheduler = None  # Tune's restored one: its record of decisions is not ours to read

@@ -223,10 +223,12 @@ def test_slow_canary_is_rolled_back_by_p99_and_status_says_why(setup, ws):
     assert all(status == 200 for status, _ in out)
     canary_seen = [i for i, (_, v) in enumerate(out) if v == v3]
     assert 8 <= len(canary_seen) < 40, Counter(v for _, v in out)  # tripped after min_requests, not at the end
-    tail = [v for _, v in out[canary_seen[-1] + 1:]]
-    assert len(tail) >= 20 and set(tail) == {v1}, Counter(tail)  # the champion has it all again
     routing = httpx.get(f"{URL}/-/routing", timeout=10).json()
     assert routing["tripped"]["limit"] == "max_p99_ms" and routing["effective_weights"] == {v1: 100}
+    # The champion has it all again. (Asked after the trip is read back: how many of the 80
+    # came after the canary's last answer depends on how fast this machine is at the moment.)
+    after = _drive(body, 24)
+    assert [status for status, _ in after] == [200] * 24 and {v for _, v in after} == {v1}, Counter(after)
 
     proc = _cli("status", "digits", "-w", str(ws.root))
     assert proc.returncode == 0, proc.stderr
