@@ -341,14 +341,15 @@ def run_pipeline(
         t0 = time.monotonic()
         if spec.tune:
             on_stage("train", "start", f"{'resuming ' if previous else ''}tuning: {spec.tune.num_samples} trials, "
-                     f"{plan.concurrent_trials} at once, {plan.workers_text()} x {plan.cpus_per_worker:g} CPU")
+                     f"{plan.concurrent_trials} at once, {plan.workers_text()} x {plan.cpus_per_worker:g} CPU"
+                     f"{_technique_text(spec)}")
             outcome = tune_pipeline(spec, prepared if len(prepared) > 1 else data, storage_path=ws.runs_dir, experiment=experiment, plan=plan, search_paths=paths,
                                     resume=bool(previous))
             winner, trials = outcome.winner, outcome.trials
             data = prepared[outcome.winner_variant]  # the winner's own preprocessing is the one registered
         else:
             on_stage("train", "start", f"{'resuming: ' if previous else ''}{plan.workers_text()} x "
-                     f"{plan.cpus_per_worker:g} CPU, {spec.train.epochs} epochs")
+                     f"{plan.cpus_per_worker:g} CPU, {spec.train.epochs} epochs{_technique_text(spec)}")
             # Same storage path and name as the interrupted run: Ray Train restores its latest checkpoint.
             winner = train(spec, data, storage_path=folder, run_name="train", plan=plan, search_paths=paths)
             trials = [TrialOutcome(trial_id="train", overrides={}, status="terminated", result=winner)]
@@ -465,6 +466,18 @@ def run_pipeline(
         resumed_run=experiment if previous else None, leaderboard=leaderboard if len(leaderboard) > 1 else [],
         data_variants=len(prepared), report=report,
     )
+
+
+def _technique_text(spec: PipelineSpec) -> str:
+    """', bf16, effective batch 256 (64 x 4 micro-batches), fp16 gradient compression' for the train
+    stage's start line; '' when plain."""
+    train = spec.train
+    parts = [train.precision] if train.precision != "fp32" else []
+    if train.grad_accumulation > 1:
+        parts.append(f"effective batch {train.effective_batch_size} ({train.batch_size} x {train.grad_accumulation} micro-batches)")
+    if train.grad_compression.name != "none":
+        parts.append(f"{train.grad_compression} gradient compression")
+    return "".join(f", {p}" for p in parts)
 
 
 def _add_test_metrics(artifact: str, test_metrics: dict) -> None:

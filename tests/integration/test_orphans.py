@@ -9,6 +9,7 @@ Here the leak is made as Ray makes it, by killing a real actor that holds a grou
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -39,6 +40,11 @@ def test_a_killed_controllers_placement_group_is_freed_and_the_next_run_gets_its
             ray.get(self.pg.ready(), timeout=60)
             return self.pg
 
+    # A run that just ended keeps releasing orphans for a few seconds (rayline.orphans.sweep_in_background):
+    # it would free this test's leak before the test could see Ray keep it.
+    for thread in threading.enumerate():
+        if thread.name == "rayline-orphan-sweep":
+            thread.join(30)
     total = ray.cluster_resources()["CPU"]
     mine = placement_group([{"CPU": 0.1}])  # the driver's own: never an orphan
     ray.get(mine.ready(), timeout=60)

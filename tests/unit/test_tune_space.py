@@ -42,6 +42,9 @@ def test_every_tunable_path_is_accepted():
         "train.optimizer.lr": {"loguniform": [1e-4, 1e-1]},
         "train.optimizer.momentum": {"uniform": [0.0, 0.9]},
         "train.optimizer.weight_decay": {"uniform": [0, 0.1]},
+        "train.precision": {"choice": ["fp32", "bf16"]},
+        "train.grad_accumulation": {"choice": [1, 4]},
+        "train.grad_compression": {"choice": ["none", "fp16", {"powersgd": {"rank": 2}}]},
         "model.params.hidden_sizes": {"choice": [[8], [16, 8]]},
         "model.params.dropout": {"uniform": [0, 0.5]},
     }
@@ -57,7 +60,7 @@ def test_model_params_of_each_built_in_kind_and_any_for_import():
 
 ALLOWED_TORCH = ("model.params.dropout, model.params.hidden_sizes, train.epochs, train.batch_size, train.workers, "
                  "train.optimizer.name, train.optimizer.lr, train.optimizer.momentum, train.optimizer.weight_decay, "
-                 "data.preprocess[i]..., model (a choice of model families)")
+                 "train.precision, train.grad_accumulation, train.grad_compression, data.preprocess[i]..., model (a choice of model families)")
 
 
 @pytest.mark.parametrize("path, reason", [

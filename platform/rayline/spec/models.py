@@ -230,6 +230,40 @@ class WorkersRange(_Strict):
         return f"{self.min}-{self.max}"
 
 
+GRAD_COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
+
+
+class GradCompression(_Strict):
+    """train.grad_compression: what DDP sends in its gradient all-reduce (torch communication hooks).
+    Written as a name, or `{powersgd: {rank: 2, start_iter: 10}}`."""
+
+    name: Literal["none", "fp16", "bf16", "powersgd"] = Field("none", description="none | fp16 | bf16 | powersgd.")
+    rank: int = Field(1, ge=1, le=256, description="PowerSGD: rank of the low-rank gradient approximation.")
+    # torch requires > 1: error feedback and warm start need a first plain step.
+    start_iter: int = Field(10, ge=2, description="PowerSGD: plain all-reduce steps before compressing (its warm-up).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_forms(cls, raw):
+        if isinstance(raw, str):
+            raw = {raw: None}
+        if isinstance(raw, dict) and len(raw) == 1 and next(iter(raw)) not in cls.model_fields:
+            ((name, params),) = raw.items()
+            if name not in GRAD_COMPRESSIONS:
+                raise problem("", "unknown gradient compression", got=repr(name), allowed=", ".join(GRAD_COMPRESSIONS),
+                              hint=(difflib.get_close_matches(str(name), GRAD_COMPRESSIONS, n=1) or [None])[0])
+            params = {} if params is None else params
+            if not isinstance(params, dict):
+                raise problem(name, "parameters must be a mapping", got=short(params), allowed="e.g. {rank: 2, start_iter: 10}")
+            if name != "powersgd" and params:
+                raise problem(name, f"{name} takes no parameters", got=short(params), allowed=f"{name}, or powersgd: {{rank, start_iter}}")
+            return {"name": name, **params}
+        return raw
+
+    def __str__(self) -> str:
+        return f"powersgd rank {self.rank}" if self.name == "powersgd" else self.name
+
+
 def _workers_tag(value: Any) -> str:
     return "range" if isinstance(value, (dict, WorkersRange)) else "count"
 
@@ -272,6 +306,20 @@ class TrainSpec(_Strict):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     metric: Optional[str] = Field(None, description="Validation metric choosing the best checkpoint and trial.")
     max_failures: int = Field(2, ge=0, description="Worker-group restarts from the latest checkpoint.")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="Training arithmetic: bf16 (CPU and GPU) or fp16 (GPU, with loss scaling) mixed precision; "
+                            "weights and checkpoints stay fp32. torch and tensorflow.")
+    grad_accumulation: int = Field(
+        1, ge=1, le=4096, description="Micro-batches (of batch_size) per optimizer step; gradients are all-reduced "
+                                      "once per step. Effective batch: batch_size x grad_accumulation. torch and tensorflow.")
+
+    grad_compression: GradCompression = Field(
+        default_factory=GradCompression, description="DDP gradient compression: none | fp16 | bf16 | powersgd, or "
+                                                     "{powersgd: {rank, start_iter}}. torch, 2 or more workers.")
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.batch_size * self.grad_accumulation
 
     @property
     def elastic(self) -> bool:
@@ -620,6 +668,9 @@ class PipelineSpec(_Strict):
             raise problem(("train", f"use_{want}"),
                           f"framework {self.model.framework} cannot train on {want.upper()} with Ray Train{why}",
                           got=f"use_{want}: true", allowed=", ".join(sorted(info.accelerators)), allowed_label="supported")
+        technique = self._technique_problem(info)
+        if technique is not None:
+            raise technique
         tpu = self.train.tpu_problem()
         if tpu is not None:
             raise SpecProblem(*(p.under(("train",)) for p in tpu.problems))
@@ -637,6 +688,33 @@ class PipelineSpec(_Strict):
             if problems:
                 raise SpecProblem(*problems)
         return self
+
+    def _technique_problem(self, info) -> Optional[SpecProblem]:
+        """train.precision and train.grad_accumulation against what the framework and the workers can do."""
+        train, framework = self.train, self.model.framework
+        if train.precision not in info.precisions:
+            return problem(("train", "precision"), f"framework {framework} trains in fp32 only (its histograms and "
+                           "trees have no mixed-precision mode)", got=train.precision,
+                           allowed=", ".join(sorted(info.precisions)), allowed_label="supported")
+        if train.precision == "fp16" and not train.use_gpu:  # (resources_per_worker.GPU needs use_gpu too)
+            return problem(("train", "precision"), "fp16 needs GPU workers (train.use_gpu: true): fp16 mixed "
+                           "precision and its loss scaling are a CUDA feature, CPUs have no fast fp16 arithmetic",
+                           got="fp16 on CPU workers", allowed="bf16 (CPU and GPU), fp32, or fp16 with use_gpu: true")
+        compression = train.grad_compression.name
+        if compression != "none" and compression not in info.grad_compressions:
+            return problem(("train", "grad_compression"), f"framework {framework} has no gradient compression "
+                           "(DDP communication hooks are torch's)", got=compression, allowed="none")
+        if compression == "bf16" and not train.use_gpu:
+            return problem(("train", "grad_compression"), "bf16 compression needs GPU workers (train.use_gpu: true): "
+                           "torch's bf16 hook all-reduces over NCCL, not gloo", got="bf16 on CPU workers",
+                           allowed="fp16 or powersgd (CPU and GPU), none, or bf16 with use_gpu: true")
+        if compression != "none" and train.max_workers < 2:
+            return problem(("train", "grad_compression"), "needs 2 or more workers (train.workers): one worker "
+                           "all-reduces nothing", got=f"{compression} with {train.max_workers} worker", allowed="none")
+        if train.grad_accumulation > 1 and not info.grad_accumulation:
+            return problem(("train", "grad_accumulation"), f"framework {framework} has no mini-batches to accumulate "
+                           "(each boosting round uses every row)", got=str(train.grad_accumulation), allowed="1")
+        return None
 
     @property
     def route(self) -> str:

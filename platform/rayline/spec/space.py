@@ -47,6 +47,9 @@ TUNABLE = (
     "train.optimizer.lr",
     "train.optimizer.momentum",
     "train.optimizer.weight_decay",
+    "train.precision",
+    "train.grad_accumulation",
+    "train.grad_compression",
 )
 
 _RESOURCES = "resources are planned once for the whole sweep; set it outside tune.space"
@@ -271,6 +274,29 @@ def _workers_problem(spec: BaseModel, dist: dict) -> Problem | None:
     return None
 
 
+# Valid or not depending on the framework and the workers (PipelineSpec._technique_problem).
+_TECHNIQUES = ("train.precision", "train.grad_accumulation", "train.grad_compression")
+
+
+def _technique_draw_problem(spec: BaseModel, path: str, kind: str, args) -> Problem | None:
+    from rayline.train.catalog import BACKENDS
+
+    key = path.split(".", 1)[1]
+    for shown, value in _draws(kind, args):
+        try:
+            train = type(spec.train).model_validate({**spec.train.model_dump(by_alias=True), key: value})
+            found = spec.model_copy(update={"train": train})._technique_problem(BACKENDS[spec.model.framework])
+        except ValidationError as exc:  # a value the field does not take
+            why = exc.errors()[0]["msg"].removeprefix("Value error, ").removeprefix("(top level): ")
+            return Problem(("tune", "space", path), f"{kind} can draw {shown!r}, which {path} does not take: {why}",
+                           got=repr(dict([(kind, args)])))
+        if found is not None:
+            reason = found.problems[0]
+            return Problem(("tune", "space", path), f"{kind} can draw {shown!r}, which {path} does not take here: "
+                           f"{reason.what}", got=repr(dict([(kind, args)])), allowed=reason.allowed)
+    return None
+
+
 def _value_problem(spec: BaseModel, path: str, dist: dict) -> Problem | None:
     if path.startswith("model.params."):
         return None  # the catalog knows parameter names, not their types: trials validate values
@@ -281,6 +307,10 @@ def _value_problem(spec: BaseModel, path: str, dist: dict) -> Problem | None:
     model, name = _field_of(spec, path)
     adapter = _adapter(model, name)
     ((kind, args),) = dist.items()
+    if path in _TECHNIQUES:
+        found = _technique_draw_problem(spec, path, kind, args)
+        if found:
+            return found
     for shown, value in _draws(kind, args):
         try:
             adapter.validate_python(value)

@@ -24,6 +24,9 @@ class BackendInfo:
     accelerators: frozenset[str] = field(default_factory=lambda: frozenset({"cpu", "gpu"}))
     epoch_based: bool = True  # False: rounds instead of epochs (xgboost)
     import_returns: str = ""  # what a `model.import` callable must return
+    precisions: frozenset[str] = frozenset({"fp32", "bf16", "fp16"})  # train.precision values it trains in
+    grad_accumulation: bool = True  # whether train.grad_accumulation > 1 means anything (mini-batch training)
+    grad_compressions: frozenset[str] = frozenset()  # train.grad_compression values besides none
 
 
 _MLP_PARAMS = frozenset({"hidden_sizes", "dropout"})
@@ -34,6 +37,7 @@ BACKENDS: dict[str, BackendInfo] = {
         module="rayline.train.torch_backend",
         kinds={"mlp": _MLP_PARAMS},
         import_returns="a torch.nn.Module",
+        grad_compressions=frozenset({"fp16", "bf16", "powersgd"}),
     ),
     "tensorflow": BackendInfo(
         name="tensorflow",
@@ -57,6 +61,8 @@ BACKENDS: dict[str, BackendInfo] = {
         },
         epoch_based=False,
         import_returns="",
+        precisions=frozenset({"fp32"}),
+        grad_accumulation=False,
     ),
 }
 

@@ -17,16 +17,29 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from rayline.workspace import owned_tempdir, sweep_orphans
 
-__all__ = ["EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays"]
+__all__ = ["with_last", "EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays"]
 
 STATE_FILE = "rayline_state.json"
 MODEL_DIR = "model"
 CKPT_PREFIX = "rayline-ckpt-"
 RESTORE_PREFIX = "rayline-restore-"
+
+
+def with_last(items: Iterable) -> Iterator[tuple[object, bool]]:
+    """(item, is_last) for every item, looking one ahead."""
+    iterator = iter(items)
+    try:
+        current = next(iterator)
+    except StopIteration:
+        return
+    for following in iterator:
+        yield current, False
+        current = following
+    yield current, True
 
 
 def shard_arrays(shard, num_features: int, label_dtype):

@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict, build_from_arch
-from rayline.train.loop import EpochReporter, shard_arrays
+from rayline.train.loop import EpochReporter, shard_arrays, with_last
 from rayline.train.metrics import compute_metrics, softmax
 
 __all__ = ["TensorflowBackend", "BACKEND", "build_mlp"]
@@ -141,11 +141,29 @@ class TensorflowBackend(Backend):
         opt_spec = config["optimizer"]
         l2 = 0.0 if opt_spec["name"] == "adamw" else float(opt_spec["weight_decay"])
 
+        precision = config.get("precision", "fp32")
+        accumulation = max(1, int(config.get("grad_accumulation", 1)))
+        if precision != "fp32":
+            # Layers built from here on compute in bf16/fp16 and keep fp32 variables: the saved
+            # weights are fp32, and serving builds the model without a policy.
+            keras.mixed_precision.set_global_policy("mixed_bfloat16" if precision == "bf16" else "mixed_float16")
+        loss_scaling = precision == "fp16"
+
         with strategy.scope():
             # Variables are created here: MWMS broadcasts rank 0's initial values.
             model = _build(arch)
             optimizer = _optimizer(opt_spec)
+            if loss_scaling:  # dynamic loss scale: small fp16 gradients would flush to zero
+                optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
             optimizer.build(model.trainable_variables)
+            # train.grad_accumulation: each replica sums its micro-batches' gradients in its own
+            # copy (ON_READ: written locally, never synchronised); only the step's
+            # apply_gradients all-reduces, once per N micro-batches.
+            accumulators = [
+                tf.Variable(tf.zeros_like(v), trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                            aggregation=tf.VariableAggregation.SUM)
+                for v in model.trainable_variables
+            ] if accumulation > 1 else []
             if reporter.restore_model_dir:
                 model.set_weights(_load_npz(os.path.join(reporter.restore_model_dir, _WEIGHTS)))
                 saved = os.path.join(reporter.restore_model_dir, _OPTIMIZER)
@@ -158,33 +176,53 @@ class TensorflowBackend(Backend):
         label_dtype = np.int64 if classification else np.float32
         tf_label = tf.int64 if classification else tf.float32
 
-        def replica_step(x, y):
+        def replica_grads(x, y):
             with tf.GradientTape() as tape:
-                out = model(x, training=True)
+                out = tf.cast(model(x, training=True), tf.float32)  # the loss in fp32 under mixed precision
                 if classification:
                     per_row = keras.losses.sparse_categorical_crossentropy(y, out, from_logits=not probabilities)
                 else:
                     per_row = tf.square(tf.reshape(out, [-1]) - y)
                 loss = tf.reduce_mean(per_row)
                 if model.losses:
-                    loss += tf.add_n(model.losses)
-                # Gradients are summed over replicas: each adds its share of the global mean
-                # (equal shards and per-worker batches make every local batch the same size).
-                scaled = loss / replicas
+                    loss += tf.add_n([tf.cast(l, tf.float32) for l in model.losses])
+                # Gradients are summed over replicas and micro-batches: each adds its share of the
+                # global mean (equal shards and per-worker batches make every local batch the same size).
+                scaled = loss / (replicas * accumulation)
+                if loss_scaling:
+                    scaled = optimizer.get_scaled_loss(scaled)
+            grads = tape.gradient(scaled, model.trainable_variables)
+            return optimizer.get_unscaled_gradients(grads) if loss_scaling else grads
+
+        def replica_accumulate(x, y):
+            for acc, g in zip(accumulators, replica_grads(x, y)):
+                if g is not None:
+                    acc.assign_add(g)
+
+        def replica_apply(x, y, factor):
             variables = model.trainable_variables
-            grads = tape.gradient(scaled, variables)
+            grads = replica_grads(x, y)
+            if accumulators:  # + the group's earlier micro-batches; x N/k for a short last group
+                grads = [None if g is None else (g + acc.read_value()) * factor for g, acc in zip(grads, accumulators)]
             pairs = [
                 (g + (l2 / replicas) * v if l2 else g, v) for g, v in zip(grads, variables) if g is not None
             ]
             optimizer.apply_gradients(pairs)
+            for acc in accumulators:
+                acc.assign(tf.zeros_like(acc))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, num_features], tf.float32), tf.TensorSpec([None], tf_label),
+                                      tf.TensorSpec([], tf.float32)])
+        def train_step(x, y, factor):
+            strategy.run(replica_apply, args=(x, y, factor))
 
         @tf.function(input_signature=[tf.TensorSpec([None, num_features], tf.float32), tf.TensorSpec([None], tf_label)])
-        def train_step(x, y):
-            strategy.run(replica_step, args=(x, y))
+        def accumulate_step(x, y):
+            strategy.run(replica_accumulate, args=(x, y))
 
         @tf.function(input_signature=[tf.TensorSpec([None, num_features], tf.float32)])
         def infer(x):
-            return model(x, training=False)
+            return tf.cast(model(x, training=False), tf.float32)
 
         train_shard = ray.train.get_dataset_shard("train")
         # "valid" is not split: every worker holds all of it, and every worker evaluates
@@ -195,12 +233,20 @@ class TensorflowBackend(Backend):
         for epoch in range(reporter.start_epoch, config["epochs"]):
             # Ray's split is equal=True: every worker runs the same number of steps,
             # which MultiWorkerMirroredStrategy's collectives require.
-            for batch in train_shard.iter_batches(
+            batches = train_shard.iter_batches(
                 batch_size=per_worker_batch, batch_format="numpy",
                 local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
-            ):
-                x = np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), num_features)
-                train_step(tf.constant(x), tf.constant(np.asarray(batch["label"], dtype=label_dtype)))
+            )
+            pending = 0
+            for batch, last in with_last(batches):
+                x = tf.constant(np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), num_features))
+                y = tf.constant(np.asarray(batch["label"], dtype=label_dtype))
+                pending += 1
+                if pending == accumulation or last:
+                    train_step(x, y, tf.constant(accumulation / pending, tf.float32))
+                    pending = 0
+                else:
+                    accumulate_step(x, y)
 
             raw = np.concatenate(
                 [infer(tf.constant(valid_x[i:i + _PREDICT_BATCH])).numpy() for i in range(0, len(valid_x), _PREDICT_BATCH)]

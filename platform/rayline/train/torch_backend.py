@@ -8,8 +8,9 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict, build_from_arch
-from rayline.train.loop import EpochReporter, shard_arrays
+from rayline.train.loop import EpochReporter, shard_arrays, with_last
 from rayline.train.metrics import compute_metrics, softmax
+from rayline.train.torch_steps import TorchSteps, register_compression
 
 __all__ = ["TorchBackend", "BACKEND", "build_mlp", "restore_hyperparameters"]
 
@@ -82,6 +83,7 @@ class TorchBackend(Backend):
             optimizer.load_state_dict(torch.load(os.path.join(reporter.restore_model_dir, _OPTIMIZER), weights_only=True))
             restore_hyperparameters(optimizer)
         model = ray.train.torch.prepare_model(model)
+        register_compression(model, config.get("grad_compression"))
         device = ray.train.torch.get_device()
         loss_fn = torch.nn.CrossEntropyLoss() if classification else torch.nn.MSELoss()
         label_dtype = torch.long if classification else torch.float32
@@ -94,17 +96,23 @@ class TorchBackend(Backend):
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
         dtypes = {"features": torch.float32, "label": label_dtype}
 
+        # train.precision and train.grad_accumulation (rayline/train/torch_steps.py).
+        steps = TorchSteps(model, optimizer, precision=config.get("precision", "fp32"),
+                           accumulation=config.get("grad_accumulation", 1), device_type=device.type)
+
+        def loss_of(batch):
+            out = model(batch["features"])
+            return loss_fn(out if classification else out.reshape(-1), batch["label"])
+
         for epoch in range(reporter.start_epoch, config["epochs"]):
             model.train()
-            for batch in train_shard.iter_torch_batches(
+            optimizer.zero_grad(set_to_none=True)
+            batches = train_shard.iter_torch_batches(
                 batch_size=per_worker_batch, dtypes=dtypes, device=device,
                 local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
-            ):
-                optimizer.zero_grad(set_to_none=True)
-                out = model(batch["features"])
-                loss = loss_fn(out if classification else out.reshape(-1), batch["label"])
-                loss.backward()
-                optimizer.step()
+            )
+            for batch, last in with_last(batches):
+                steps.micro_batch(lambda: loss_of(batch), last)
 
             model.eval()
             with torch.no_grad():
