@@ -258,6 +258,14 @@ def _print_summary(summary, spec) -> None:
         console.print(board)
     if summary.data_variants > 1:
         console.print(f"data stage: {summary.data_variants} preprocessing variants, prepared once each and shared by the trials")
+    if summary.throughput:
+        total, per_worker = summary.throughput
+        console.print(f"training throughput: {total:,.0f} samples/s ({per_worker:,.0f} per worker), mean over the "
+                      f"{'winning trial' if len(summary.trials) > 1 else 'run'}'s epochs")
+    if summary.tensorboard:
+        from rayline.event_files import tensorboard_command
+
+        console.print(f"TensorBoard (metrics, throughput, learning rate per epoch): {tensorboard_command(summary.tensorboard)}")
     console.print(styled("registered: model ", (summary.name, "bold"), " version ", (str(summary.version), "bold"),
                          f" (MLflow run {summary.run_id})"))
     if getattr(summary, "report", None):

@@ -8,6 +8,7 @@ can draw it and tests can record it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -18,13 +19,16 @@ from pathlib import Path
 from typing import Callable
 
 from rayline.errors import InterruptedRun, RaylineError, SpecError
+from rayline.event_files import mean_throughput
 from rayline.spec import PipelineSpec
+from rayline.train.loop import TRAINING_STATS
 from rayline.workspace import Workspace
 
 __all__ = ["RunSummary", "run_pipeline", "STAGES", "RECORD_FILE", "plan_when_settled", "PLAN_SETTLE_S", "find_run"]
 
 STAGES = ("data", "train", "register", "deploy")
-_BOOKKEEPING = ("epoch", "resumed")  # in each history row, but not model metrics
+log = logging.getLogger(__name__)
+_BOOKKEEPING = ("epoch", "resumed", *TRAINING_STATS)  # in each history row, but not model metrics
 
 
 @dataclass
@@ -46,6 +50,8 @@ class RunSummary:
     leaderboard: list = field(default_factory=list)
     data_variants: int = 1  # preprocessing configurations the data stage prepared (one data stage each)
     report: str | None = None  # the sweep report (HTML; rayline.report), written after registering a sweep
+    tensorboard: str | None = None  # the run's TensorBoard event files (rayline.event_files), one directory per trial
+    throughput: tuple | None = None  # the winner's training samples/s (total, per worker), mean over its epochs
 
 
 def _noop(stage: str, event: str, detail: str = "") -> None:
@@ -354,6 +360,7 @@ def run_pipeline(
             winner = train(spec, data, storage_path=folder, run_name="train", plan=plan, search_paths=paths)
             trials = [TrialOutcome(trial_id="train", overrides={}, status="terminated", result=winner)]
         seconds["train"] = time.monotonic() - t0
+        tensorboard = _event_files(join(folder, "tensorboard"), trials)
         # Trials Tune stopped as the sweep ended: their groups appear a moment after fit()
         # returns; freed in the background while the winner is registered and served.
         sweep_in_background()
@@ -464,15 +471,28 @@ def run_pipeline(
         valid_metrics=winner.metrics, test_metrics=test_metrics, trials=trials, endpoint=endpoint,
         run_id=run_id, rows=data.rows, resumed_from=winner.resumed_from, seconds=seconds,
         resumed_run=experiment if previous else None, leaderboard=leaderboard if len(leaderboard) > 1 else [],
-        data_variants=len(prepared), report=report,
+        data_variants=len(prepared), report=report, tensorboard=tensorboard,
+        throughput=mean_throughput(winner.history),
     )
+
+
+def _event_files(location: str, trials: list) -> str | None:
+    """TensorBoard event files of every trial's history; a failure is a warning, never a failed run."""
+    from rayline.event_files import write_event_files
+
+    try:
+        return write_event_files(location, trials)
+    except Exception as exc:  # noqa: BLE001 - the model is trained either way
+        log.warning("rayline: TensorBoard event files were not written to %s: %s", location, exc)
+        return None
 
 
 def _technique_text(spec: PipelineSpec) -> str:
     """', bf16, effective batch 256 (64 x 4 micro-batches), fp16 gradient compression' for the train
     stage's start line; '' when plain."""
     train = spec.train
-    parts = [train.precision] if train.precision != "fp32" else []
+    parts = ["fsdp (sharded)"] if train.strategy == "fsdp" else []
+    parts += [train.precision] if train.precision != "fp32" else []
     if train.grad_accumulation > 1:
         parts.append(f"effective batch {train.effective_batch_size} ({train.batch_size} x {train.grad_accumulation} micro-batches)")
     if train.grad_compression.name != "none":

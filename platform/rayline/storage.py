@@ -36,6 +36,7 @@ __all__ = [
     "write_json",
     "list_names",
     "download_dir",
+    "upload_dir",
     "ensure_dir",
     "check_shared",
     "SHARED_CHECK_TIMEOUT_S",
@@ -204,6 +205,19 @@ def download_dir(location: str, dest: str) -> str:
     except OSError as exc:
         raise StorageError(f"{_shown(location)}: cannot download: {_first_line(exc)}") from exc
     return dest
+
+
+def upload_dir(source: str, location: str) -> str:
+    """Copy the local directory `source` to `location` (a path or a URI); returns `location`."""
+    import pyarrow.fs
+
+    fs, path = filesystem(location)
+    try:
+        pyarrow.fs.copy_files(os.path.abspath(source), path, source_filesystem=pyarrow.fs.LocalFileSystem(),
+                              destination_filesystem=fs)
+    except OSError as exc:
+        raise StorageError(f"{_shown(location)}: cannot upload: {_first_line(exc)}") from exc
+    return location
 
 
 def ensure_dir(location: str, where: str = "workspace") -> None:

@@ -143,6 +143,9 @@ def _registered_epoch(pattern):
 
 FAULT_EPOCHS = 20  # a worker is killed after the 2nd epoch; enough left to see the resume
 FAULT_MODELS = {
+    # torch with train.strategy fsdp (its 2 workers each hold half of the parameters and optimizer
+    # state; checkpoints gather the full state): the restart reshards the checkpoint. torch DDP's
+    # restore from a checkpoint is what the PBT tests exercise (test_tune_strategies.py).
     "torch": {"framework": "torch", "kind": "mlp", "params": {"hidden_sizes": [16]}},
     "tensorflow": {"framework": "tensorflow", "kind": "mlp", "params": {"hidden_sizes": [16]}},
     # one report per boosting round, no early stopping: "epoch" is the round
@@ -159,7 +162,8 @@ def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework
     spec, _ = churn
     epochs = FAULT_EPOCHS
     spec = apply_overrides(spec, {"name": f"churn-faulty-{framework}", "model": FAULT_MODELS[framework],
-                                  "train.epochs": epochs, "train.batch_size": 8})
+                                  "train.epochs": epochs, "train.batch_size": 8,
+                                  **({"train.strategy": "fsdp"} if framework == "torch" else {})})
     spec = spec.model_copy(update={"serve": None})
     outcome = {}
 
@@ -198,3 +202,23 @@ def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework
     # restart (resumed == 0), the rest after it: resumed, not restarted from epoch 0.
     assert [row["epoch"] for row in history] == list(range(epochs))
     assert [row["resumed"] for row in history] == [0] * (resumed_at + 1) + [1] * (epochs - resumed_at - 1)
+    if framework == "torch":
+        _sharded_model_serves_as_trained(summary, ws)
+
+
+def _sharded_model_serves_as_trained(summary, ws):
+    """The FSDP run's checkpoint holds the full weights: one Serve replica loads them and answers
+    what the offline model (rayline.load_model) predicts."""
+    from rayline import load_model
+
+    from .conftest import deploy_registered
+
+    start = next(detail for stage, event, detail in summary.events if stage == "train" and event == "start")
+    assert "fsdp (sharded)" in start, start
+    rows = [GOOD, {**GOOD, "plan": "basic", "tenure": 3.0}, {**GOOD, "tenure": None, "fee": 80.0}]
+    offline = load_model(summary.name, summary.version, workspace=str(ws.root)).predict(rows, probabilities=True)
+    url = deploy_registered("churnfsdp", summary, ws)
+    served = httpx.post(f"{url}/predict", json={"instances": rows, "probabilities": True}, timeout=60).json()
+    assert served["predictions"] == offline["predictions"]
+    for got, want in zip(served["probabilities"], offline["probabilities"]):
+        assert got == pytest.approx(want)

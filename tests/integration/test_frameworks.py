@@ -1,5 +1,6 @@
 """TensorFlow and XGBoost behind the same spec: trained on 2 workers, registered, served, identical offline/online."""
 
+import os
 import subprocess
 import sys
 
@@ -59,7 +60,25 @@ def test_regression_reports_the_torch_metric_names(ray_session, ws, framework, m
     assert (", bf16, effective batch" in start) == bool(technique), start
     assert summary.task == "regression" and summary.metric == "rmse"
     assert set(summary.test_metrics) == set(REGRESSION_METRICS)
-    assert set(summary.trials[0].result.history[-1]) == set(REGRESSION_METRICS) | {"epoch", "resumed"}
+    from rayline.train.loop import TRAINING_STATS
+
+    last = summary.trials[0].result.history[-1]
+    assert set(last) == set(REGRESSION_METRICS) | {"epoch", "resumed"} | set(TRAINING_STATS)
+    # The training stats beside the metrics: both workers' rows per second, and the learning rate.
+    assert last["samples_per_s"] == pytest.approx(2 * last["samples_per_s_per_worker"]) and last["samples_per_s"] > 0
+    assert last["lr"] == pytest.approx(0.01 if framework == "tensorflow" else 0.3)  # adam lr of the spec; xgboost's eta
+    # The same per epoch in TensorBoard event files, read back with TensorBoard's own reader.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (trial_dir,) = [os.path.join(summary.tensorboard, d) for d in os.listdir(summary.tensorboard)]
+    events = EventAccumulator(trial_dir)
+    events.Reload()
+    assert {"valid/rmse", "valid/r2", "train/samples_per_s", "train/samples_per_s_per_worker", "train/lr"} <= set(events.Tags()["scalars"])
+    history = summary.trials[0].result.history
+    assert [e.step for e in events.Scalars("valid/rmse")] == [row["epoch"] for row in history]
+    assert [e.value for e in events.Scalars("valid/rmse")] == pytest.approx([row["rmse"] for row in history], rel=1e-6)
+    assert summary.throughput[0] == pytest.approx(sum(r["samples_per_s"] for r in history) / len(history))
+
     # better than predicting the train mean (r2 > 0), and predictions are real numbers
     assert summary.test_metrics["r2"] > 0.1, summary.test_metrics
     model_ = load_model(spec.name, summary.version, workspace=str(ws.root))

@@ -139,6 +139,8 @@ def test_runs_checkpoints_records_and_artifacts_are_objects_in_the_bucket(s3, en
     assert states, runs
     assert any(k.startswith(train_dir + "/checkpoint_") and "/model/" in k for k in runs), runs
     assert f"{train_dir}/checkpoint_manager_snapshot.json" in runs
+    # The run's TensorBoard event files, written locally and uploaded beside them.
+    assert any(k.startswith(f"{PREFIX}/runs/{experiment}/tensorboard/train/events.out.tfevents.") for k in runs), runs
     # MLflow's artifacts of the registered version: the model directory rayline assembled.
     artifacts = [k for k in keys if k.startswith(f"{PREFIX}/mlartifacts/")]
     assert any(k.endswith("/model/rayline.json") or k.endswith("/model/MLmodel") or "/model/" in k for k in artifacts), artifacts

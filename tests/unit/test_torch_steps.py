@@ -142,9 +142,44 @@ def _ddp_runs(rank: int, port: int, results):
             assert register_compression(model, compression) == name
             _train(model, _batches(20 + rank, 6), accumulation=1)
             out[f"compressed_{name}"] = [p.tolist() for p in _params(model)]
+        # train.strategy fsdp: the same 4 accumulated micro-batches with the parameters sharded over
+        # the 2 ranks (FSDP2 over gloo); the gathered full weights are what DDP computed.
+        from rayline.train import torch_fsdp
+
+        sharded = torch_fsdp.shard(_model(), torch.device("cpu"), 2)
+        local = sum(p.to_local().numel() for p in sharded.parameters())
+        steps = _train(sharded, batches, accumulation=4)
+        weights, _ = torch_fsdp.full_state(sharded, steps.optimizer)
+        out["fsdp"] = {"steps": steps.steps, "local_numel": local,
+                       "params": [weights[k].tolist() for k in _model().state_dict()] if rank == 0 else []}
+        # Its optimizer state survives a checkpoint: gathered, then loaded into a fresh sharded copy.
+        adam_model = torch_fsdp.shard(_model(), torch.device("cpu"), 2)
+        adam = torch.optim.Adam(adam_model.parameters(), lr=0.01)
+        _train_with(adam_model, adam, batches)
+        _, saved = torch_fsdp.full_state(adam_model, adam)
+        saved = _broadcast(saved)  # as every rank reads the checkpoint file
+        fresh_model = torch_fsdp.shard(_model(), torch.device("cpu"), 2)
+        fresh = torch.optim.Adam(fresh_model.parameters(), lr=0.01)
+        out["fsdp_optimizer_restored"] = torch_fsdp.load_optimizer_state(fresh_model, fresh, saved)
+        out["fsdp_optimizer_steps"] = sorted(int(v["step"]) for v in fresh.state.values())
         results.put((rank, out))
     finally:
         dist.destroy_process_group()
+
+
+def _train_with(model, optimizer, batches):
+    steps = TorchSteps(model, optimizer)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for (x, y), last in with_last(batches):
+        steps.micro_batch(lambda: loss_fn(model(x), y), last)
+
+
+def _broadcast(obj):
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _free_port() -> int:
@@ -185,6 +220,13 @@ def test_ddp_accumulation_all_reduces_once_per_step_and_matches_the_big_batch(dd
         assert run["every_micro_batch"]["calls"] == 4 and run["every_micro_batch"]["steps"] == 4
         for a, b in zip(run["accumulated"]["params"], run["one_big_batch"]["params"]):
             torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
+    # FSDP: each rank held part of the parameters (147 in all), and the gathered weights after the
+    # accumulated step are DDP's.
+    assert got[0]["fsdp"]["local_numel"] + got[1]["fsdp"]["local_numel"] == 147
+    assert got[0]["fsdp"]["local_numel"] < 147 and got[0]["fsdp"]["steps"] == 1
+    for a, b in zip(got[0]["fsdp"]["params"], got[0]["accumulated"]["params"]):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
+    assert all(got[r]["fsdp_optimizer_restored"] and got[r]["fsdp_optimizer_steps"] for r in (0, 1))
     # The ranks agree: the all-reduced update is the same everywhere.
     for a, b in zip(got[0]["accumulated"]["params"], got[1]["accumulated"]["params"]):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b))

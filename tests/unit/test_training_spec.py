@@ -32,6 +32,12 @@ def _raw(framework: str = "torch", **train) -> dict:
                                             r"allowed: none, fp16, bf16, powersgd\)$"),
     ("torch", {"grad_compression": {"powersgd": {"rank": 0}}}, r"train\.grad_compression\.rank: .*greater than or equal to 1"),
     ("torch", {"grad_compression": {"fp16": {"rank": 2}}}, r"train\.grad_compression\.fp16: fp16 takes no parameters"),
+    ("tensorflow", {"strategy": "fsdp"}, r"train\.strategy: framework tensorflow has no fsdp training .*\(got fsdp; supported: ddp\)$"),
+    ("xgboost", {"strategy": "fsdp"}, r"train\.strategy: framework xgboost has no fsdp training"),
+    ("torch", {"strategy": "fsdp", "workers": 1}, r"train\.strategy: fsdp shards across workers and needs 2 or more"),
+    ("torch", {"strategy": "fsdp", "grad_compression": "powersgd"}, r"train\.grad_compression: gradient compression is a DDP "
+                                                                    r"communication hook"),
+    ("torch", {"strategy": "zero3"}, r"train\.strategy: Input should be 'ddp' or 'fsdp' \(got 'zero3'\)"),
 ])
 def test_what_a_framework_or_its_workers_cannot_do_is_one_line_naming_the_key(framework, train, message):
     with pytest.raises(SpecError) as info:
@@ -46,6 +52,8 @@ def test_what_they_can_do_is_accepted_and_the_effective_batch_is_known():
     assert parse_spec(_raw("torch", precision="fp16", use_gpu=True)).train.precision == "fp16"
     assert parse_spec(_raw("tensorflow", precision="fp16", use_gpu=True, resources_per_worker={"GPU": 0.5})).train.precision == "fp16"
     assert parse_spec(_raw("xgboost")).train.precision == "fp32"
+    fsdp = parse_spec(_raw("torch", strategy="fsdp", precision="bf16", grad_accumulation=2, workers={"min": 2, "max": 4}))
+    assert fsdp.train.strategy == "fsdp"
     compression = parse_spec(_raw("torch", grad_compression={"powersgd": {"rank": 4}})).train.grad_compression
     assert (compression.name, compression.rank, compression.start_iter, str(compression)) == ("powersgd", 4, 10, "powersgd rank 4")
     # What the spec dumps (a resumed run re-reads it) parses back to the same.

@@ -212,7 +212,10 @@ def _metric(registry, run, trials: list, version) -> str:
     for name in ("accuracy", "rmse"):
         if name in reported:
             return name
-    return sorted(reported - {"resumed", "epoch"})[0] if reported - {"resumed", "epoch"} else "accuracy"
+    from rayline.train.loop import TRAINING_STATS
+
+    candidates = reported - {"resumed", "epoch", *TRAINING_STATS}
+    return sorted(candidates)[0] if candidates else "accuracy"
 
 
 def _curve(client, run_id: str, metric: str) -> list:

@@ -313,6 +313,9 @@ class TrainSpec(_Strict):
         1, ge=1, le=4096, description="Micro-batches (of batch_size) per optimizer step; gradients are all-reduced "
                                       "once per step. Effective batch: batch_size x grad_accumulation. torch and tensorflow.")
 
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="Data parallelism: ddp (torch DDP; tensorflow MultiWorkerMirroredStrategy) or fsdp "
+                           "(torch: parameters, gradients and optimizer state sharded across the workers).")
     grad_compression: GradCompression = Field(
         default_factory=GradCompression, description="DDP gradient compression: none | fp16 | bf16 | powersgd, or "
                                                      "{powersgd: {rank, start_iter}}. torch, 2 or more workers.")
@@ -700,7 +703,18 @@ class PipelineSpec(_Strict):
             return problem(("train", "precision"), "fp16 needs GPU workers (train.use_gpu: true): fp16 mixed "
                            "precision and its loss scaling are a CUDA feature, CPUs have no fast fp16 arithmetic",
                            got="fp16 on CPU workers", allowed="bf16 (CPU and GPU), fp32, or fp16 with use_gpu: true")
+        if train.strategy not in info.strategies:
+            return problem(("train", "strategy"), f"framework {framework} has no {train.strategy} training"
+                           + (" (sharding is torch's FSDP)" if train.strategy == "fsdp" else ""),
+                           got=train.strategy, allowed=", ".join(sorted(info.strategies)), allowed_label="supported")
+        if train.strategy == "fsdp" and train.max_workers < 2:
+            return problem(("train", "strategy"), "fsdp shards across workers and needs 2 or more (train.workers)",
+                           got=f"fsdp with {train.max_workers} worker", allowed="ddp, or fsdp with workers >= 2")
         compression = train.grad_compression.name
+        if compression != "none" and train.strategy == "fsdp":
+            return problem(("train", "grad_compression"), "gradient compression is a DDP communication hook; "
+                           "fsdp reduce-scatters its gradient shards itself", got=f"{compression} with strategy fsdp",
+                           allowed="none with fsdp, or strategy: ddp")
         if compression != "none" and compression not in info.grad_compressions:
             return problem(("train", "grad_compression"), f"framework {framework} has no gradient compression "
                            "(DDP communication hooks are torch's)", got=compression, allowed="none")

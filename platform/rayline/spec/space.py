@@ -67,6 +67,8 @@ NOT_TUNABLE = {
     "model.import": _FAMILY,
     "train.metric": "every trial is ranked by the same metric; set it outside tune.space",
     "train.max_failures": "fault tolerance is set once for the whole sweep; set it outside tune.space",
+    "train.strategy": "ddp and fsdp train the same model (sharding changes memory and speed, not the result); "
+                      "set it outside tune.space",
     "data": "the data is read and split once for the whole sweep, so that trials compare on the same rows "
             "(only data.preprocess is tunable)",
     "serve": "serving settings do not change the trained model",

@@ -27,6 +27,7 @@ class BackendInfo:
     precisions: frozenset[str] = frozenset({"fp32", "bf16", "fp16"})  # train.precision values it trains in
     grad_accumulation: bool = True  # whether train.grad_accumulation > 1 means anything (mini-batch training)
     grad_compressions: frozenset[str] = frozenset()  # train.grad_compression values besides none
+    strategies: frozenset[str] = frozenset({"ddp"})  # train.strategy values (ddp: the framework's data parallelism)
 
 
 _MLP_PARAMS = frozenset({"hidden_sizes", "dropout"})
@@ -38,6 +39,7 @@ BACKENDS: dict[str, BackendInfo] = {
         kinds={"mlp": _MLP_PARAMS},
         import_returns="a torch.nn.Module",
         grad_compressions=frozenset({"fp16", "bf16", "powersgd"}),
+        strategies=frozenset({"ddp", "fsdp"}),
     ),
     "tensorflow": BackendInfo(
         name="tensorflow",

@@ -17,16 +17,20 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from typing import Callable, Iterable, Iterator
 
 from rayline.workspace import owned_tempdir, sweep_orphans
 
-__all__ = ["with_last", "EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays"]
+__all__ = ["with_last", "Throughput", "TRAINING_STATS", "EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays"]
 
 STATE_FILE = "rayline_state.json"
 MODEL_DIR = "model"
 CKPT_PREFIX = "rayline-ckpt-"
 RESTORE_PREFIX = "rayline-restore-"
+# Beside the validation metrics in every history row (and every MLflow step): how fast the
+# epoch trained and at which learning rate. Not model metrics: never ranked or registered as such.
+TRAINING_STATS = ("samples_per_s", "samples_per_s_per_worker", "lr")
 
 
 def with_last(items: Iterable) -> Iterator[tuple[object, bool]]:
@@ -40,6 +44,27 @@ def with_last(items: Iterable) -> Iterator[tuple[object, bool]]:
         yield current, False
         current = following
     yield current, True
+
+
+class Throughput:
+    """Training rows per second over one epoch (or report interval) of one worker.
+
+    Total throughput is this worker's rows times the world size over this worker's time: Ray's
+    equal split gives every worker the same rows, and a step's all-reduce keeps them in step."""
+
+    def __init__(self):
+        self._started = time.perf_counter()
+        self.rows = 0
+
+    def add(self, rows: int) -> None:
+        self.rows += int(rows)
+
+    def stats(self, world_size: int, lr: float) -> dict:
+        """The row's TRAINING_STATS; restarts the clock for the next epoch."""
+        seconds = max(time.perf_counter() - self._started, 1e-9)
+        per_worker = self.rows / seconds
+        self._started, self.rows = time.perf_counter(), 0
+        return {"samples_per_s": per_worker * world_size, "samples_per_s_per_worker": per_worker, "lr": float(lr)}
 
 
 def shard_arrays(shard, num_features: int, label_dtype):
@@ -99,10 +124,12 @@ class EpochReporter:
         """The model directory to resume from, or None on a fresh start."""
         return os.path.join(self._restore_dir, MODEL_DIR) if self._restore_dir else None
 
-    def report(self, epoch: int, metrics: dict, save_model: Callable[[str], None]) -> None:
-        """Report `metrics` for `epoch` with a checkpoint made by `save_model(dir)` on rank 0."""
+    def report(self, epoch: int, metrics: dict, save_model: Callable[[str], None], stats: dict | None = None) -> None:
+        """Report `metrics` for `epoch` with a checkpoint made by `save_model(dir)` on rank 0;
+        `stats`: the epoch's TRAINING_STATS (Throughput.stats), kept in the same row."""
         # `resumed`: restarts so far; rows trained before a restart keep the lower count.
-        row = {"epoch": epoch, **{k: float(v) for k, v in metrics.items()}, "resumed": len(self.resumed_from)}
+        row = {"epoch": epoch, **{k: float(v) for k, v in metrics.items()}, **(stats or {}),
+               "resumed": len(self.resumed_from)}
         self.history.append(row)
         reported = row
         if self.rank != 0:

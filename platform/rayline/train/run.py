@@ -52,6 +52,7 @@ def loop_config(spec: PipelineSpec, data, plan: ResourcePlan, search_paths: list
         "precision": spec.train.precision,
         "grad_accumulation": spec.train.grad_accumulation,
         "grad_compression": spec.train.grad_compression.model_dump(),
+        "strategy": spec.train.strategy,
         "optimizer": spec.train.optimizer.model_dump(),
         "metric": spec.resolved_metric(task),
         "seed": spec.data.split.seed,

@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict, build_from_arch
-from rayline.train.loop import EpochReporter, shard_arrays, with_last
+from rayline.train.loop import EpochReporter, Throughput, shard_arrays, with_last
 from rayline.train.metrics import compute_metrics, softmax
 
 __all__ = ["TensorflowBackend", "BACKEND", "build_mlp"]
@@ -238,7 +238,9 @@ class TensorflowBackend(Backend):
                 local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
             )
             pending = 0
+            meter = Throughput()
             for batch, last in with_last(batches):
+                meter.add(len(batch["label"]))
                 x = tf.constant(np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), num_features))
                 y = tf.constant(np.asarray(batch["label"], dtype=label_dtype))
                 pending += 1
@@ -247,6 +249,8 @@ class TensorflowBackend(Backend):
                     pending = 0
                 else:
                     accumulate_step(x, y)
+            # The learning rate is a (mirrored) variable: read its value, not the variable object.
+            stats = meter.stats(reporter.world_size, float(np.asarray(tf.convert_to_tensor(optimizer.learning_rate))))
 
             raw = np.concatenate(
                 [infer(tf.constant(valid_x[i:i + _PREDICT_BATCH])).numpy() for i in range(0, len(valid_x), _PREDICT_BATCH)]
@@ -264,7 +268,7 @@ class TensorflowBackend(Backend):
                 with open(os.path.join(model_dir, _ARCH), "w") as fh:
                     json.dump(arch, fh)
 
-            reporter.report(epoch, metrics, save)
+            reporter.report(epoch, metrics, save, stats)
         reporter.close()
 
     def trainer_class(self):

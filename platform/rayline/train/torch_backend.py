@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy as np
 
 from rayline.train.backend import Backend, Predict, build_from_arch
-from rayline.train.loop import EpochReporter, shard_arrays, with_last
+from rayline.train.loop import EpochReporter, Throughput, shard_arrays, with_last
 from rayline.train.metrics import compute_metrics, softmax
 from rayline.train.torch_steps import TorchSteps, register_compression
 
 __all__ = ["TorchBackend", "BACKEND", "build_mlp", "restore_hyperparameters"]
+
+log = logging.getLogger(__name__)
 
 _WEIGHTS = "weights.pt"
 _OPTIMIZER = "optimizer.pt"
@@ -77,14 +80,30 @@ class TorchBackend(Backend):
         reporter = EpochReporter(config.get("initial_checkpoint"))
         classification = config["task"] == "classification"
         model = _build(config["arch"])
-        optimizer = _optimizer(model.parameters(), config["optimizer"])
-        if reporter.restore_model_dir:
-            model.load_state_dict(torch.load(os.path.join(reporter.restore_model_dir, _WEIGHTS), weights_only=True))
-            optimizer.load_state_dict(torch.load(os.path.join(reporter.restore_model_dir, _OPTIMIZER), weights_only=True))
-            restore_hyperparameters(optimizer)
-        model = ray.train.torch.prepare_model(model)
-        register_compression(model, config.get("grad_compression"))
+        restore = reporter.restore_model_dir
+        if restore:  # full weights, before any wrapping or sharding (every rank reads the same file)
+            model.load_state_dict(torch.load(os.path.join(restore, _WEIGHTS), weights_only=True))
         device = ray.train.torch.get_device()
+        # train.strategy: fsdp shards over the workers (rayline/train/torch_fsdp.py); one worker has nothing to shard.
+        sharded = config.get("strategy", "ddp") == "fsdp" and reporter.world_size > 1
+        if sharded:
+            from rayline.train import torch_fsdp
+
+            model = torch_fsdp.shard(model, device, reporter.world_size)
+            optimizer = _optimizer(model.parameters(), config["optimizer"])  # over the sharded parameters
+            if restore and torch_fsdp.load_optimizer_state(
+                    model, optimizer, torch.load(os.path.join(restore, _OPTIMIZER), weights_only=True)):
+                restore_hyperparameters(optimizer)
+        else:
+            optimizer = _optimizer(model.parameters(), config["optimizer"])
+            if restore:
+                try:
+                    optimizer.load_state_dict(torch.load(os.path.join(restore, _OPTIMIZER), weights_only=True))
+                    restore_hyperparameters(optimizer)
+                except (KeyError, ValueError, TypeError, RuntimeError) as exc:  # an FSDP run's (keyed by name): start it afresh
+                    log.warning("rayline: the checkpoint's optimizer state does not fit (%s); the optimizer starts afresh", exc)
+            model = ray.train.torch.prepare_model(model)
+            register_compression(model, config.get("grad_compression"))
         loss_fn = torch.nn.CrossEntropyLoss() if classification else torch.nn.MSELoss()
         label_dtype = torch.long if classification else torch.float32
         train_shard = ray.train.get_dataset_shard("train")
@@ -111,8 +130,11 @@ class TorchBackend(Backend):
                 batch_size=per_worker_batch, dtypes=dtypes, device=device,
                 local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
             )
+            meter = Throughput()
             for batch, last in with_last(batches):
                 steps.micro_batch(lambda: loss_of(batch), last)
+                meter.add(len(batch["label"]))
+            stats = meter.stats(reporter.world_size, optimizer.param_groups[0]["lr"])
 
             model.eval()
             with torch.no_grad():
@@ -120,15 +142,22 @@ class TorchBackend(Backend):
             raw = np.concatenate(outputs) if outputs else np.zeros((0, config["arch"]["num_outputs"]), np.float32)
             metrics = compute_metrics(config["task"], softmax(raw) if classification else raw.reshape(-1), valid_y)
 
+            # Sharded: every rank gathers the full state (a collective); rank 0 writes it below.
+            gathered = torch_fsdp.full_state(model, optimizer) if sharded else None
+
             def save(model_dir: str) -> None:
                 os.makedirs(model_dir)
-                inner = model.module if hasattr(model, "module") else model
-                torch.save(inner.state_dict(), os.path.join(model_dir, _WEIGHTS))
-                torch.save(optimizer.state_dict(), os.path.join(model_dir, _OPTIMIZER))
+                if gathered is not None:
+                    weights, optimizer_state = gathered
+                else:
+                    weights = (model.module if hasattr(model, "module") else model).state_dict()
+                    optimizer_state = optimizer.state_dict()
+                torch.save(weights, os.path.join(model_dir, _WEIGHTS))
+                torch.save(optimizer_state, os.path.join(model_dir, _OPTIMIZER))
                 with open(os.path.join(model_dir, _ARCH), "w") as fh:
                     json.dump(config["arch"], fh)
 
-            reporter.report(epoch, metrics, save)
+            reporter.report(epoch, metrics, save, stats)
         reporter.close()
 
     def trainer_class(self):

@@ -8,8 +8,9 @@ checkpoints load for serving in fp32 unchanged.
 `train.grad_accumulation: N`: N micro-batches per optimizer step. Each micro-batch's loss is
 divided by N, so the summed gradients are those of one batch N times larger (same-size
 micro-batches: Ray's equal split gives every worker the same number of rows). Under DDP the
-first N-1 backward passes run inside `model.no_sync()`: gradients add up locally and only the
-last one all-reduces, which is the point (N times fewer all-reduce calls). An epoch whose
+first N-1 backward passes run inside `model.no_sync()` (FSDP: `set_requires_gradient_sync(False)`):
+gradients add up locally and only the last one all-reduces (reduce-scatters), which is the
+point (N times fewer collective calls). An epoch whose
 micro-batch count is not a multiple of N ends with a shorter group, stepped with its
 gradients rescaled to that group's mean (the last micro-batch is known one batch ahead, so
 that group all-reduces too).
@@ -78,8 +79,11 @@ class TorchSteps:
         N, or at `last` (the epoch's final micro-batch). Returns the micro-batch's loss."""
         self._pending += 1
         sync = last or self._pending == self.accumulation
-        no_sync = getattr(self.model, "no_sync", None)  # DDP; a single worker's plain module has none
-        context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
+        context = contextlib.nullcontext()
+        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: no reduce-scatter until the last
+            self.model.set_requires_gradient_sync(sync)
+        elif not sync and hasattr(self.model, "no_sync"):  # DDP; a single worker's plain module has neither
+            context = self.model.no_sync()
         with context:
             with self.autocast():
                 loss = loss_of()

@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict
-from rayline.train.loop import EpochReporter, shard_arrays
+from rayline.train.loop import EpochReporter, Throughput, shard_arrays
 from rayline.train.metrics import compute_metrics
 
 __all__ = ["XGBoostBackend", "BACKEND", "objective_params"]
@@ -124,11 +124,15 @@ class XGBoostBackend(Backend):
         done = booster.num_boosted_rounds() if booster is not None else 0
         remaining = num_boost_round - done
 
+        meter = Throughput()  # rows x rounds per second between reports
+        lr = float(params.get("eta", params.get("learning_rate", 0.3)))  # xgboost's default eta
+
         class _ReportCallback(xgb.callback.TrainingCallback):
             """Evaluate "valid" with rayline's metrics, report, checkpoint, and stop early."""
 
             def after_iteration(self, model, epoch, evals_log) -> bool:
                 rnd = model.num_boosted_rounds() - 1  # absolute round index, also after resume
+                meter.add(len(train_y))
                 last = rnd + 1 >= num_boost_round
                 if (rnd + 1) % every and not last:
                     if not early_stopping or rnd - state["best_round"] < early_stopping:
@@ -157,7 +161,7 @@ class XGBoostBackend(Backend):
                     with open(os.path.join(model_dir, _ARCH), "w") as fh:
                         json.dump(dict(arch, xgboost_params=params), fh)
 
-                reporter.report(rnd, metrics, save)
+                reporter.report(rnd, metrics, save, meter.stats(reporter.world_size, lr))
                 return stop
 
         if remaining > 0 and not state["stopped"]:
