@@ -1,7 +1,7 @@
 """Training techniques, side by side: each train.* option against plain fp32 DDP on the same
 model and data, and rayline's train stage against a hand-written Ray Train script.
 
-    python benchmarks/training.py                      # ~5 min on 2 cores
+    python benchmarks/training.py                      # 3 repeats, ~15 min on 2 cores
     python benchmarks/training.py --rows 40000 --epochs 4 --json-out training.json
 
 One embedded Ray (as `rayline run` starts it), one synthetic 4-class problem (sklearn's
@@ -10,11 +10,14 @@ make_classification, `--rows` x 40 features, Parquet written here), a torch MLP 
 rayline's pipeline runs once (no serving) and the table gives: the train stage's wall time
 (Ray Train start-up included), the mean training throughput over the epochs (samples/s, all
 workers; rayline's own per-epoch measure, which excludes validation and checkpointing), the
-final valid accuracy, and the ratios to fp32 DDP.
+final valid accuracy, and the ratios to fp32 DDP: medians of `--repeats` runs, taken
+round-robin across the configurations (two single runs on the 2-core machine disagreed by up
+to 2x in throughput).
 
 The baseline: a hand-written Ray Train script (TorchTrainer, `prepare_model`, the same model,
 optimizer, batch and epochs, the same Ray Data input, a validation pass and a checkpoint each
-epoch), timed from `fit()` to its return, against rayline's train stage for the same spec.
+epoch), timed from `fit()` to its return, against rayline's train stage for the same spec. It
+runs once first as a warm-up (not measured), then after rayline's runs.
 
 On CPUs, fp16 precision and bf16 compression are GPU-only (refused by the spec); they are
 listed as skipped. The load average is printed: on a shared machine it says how much to trust
@@ -72,23 +75,34 @@ def base_spec(data: Path, args) -> dict:
 
 
 def rayline_runs(data: Path, args, ws) -> list[dict]:
+    """Each configuration `--repeats` times, interleaved (round-robin, so a slow spell of a shared
+    machine hits every configuration alike); the medians."""
+    from statistics import median
+
     from rayline.errors import SpecError
     from rayline.runner import run_pipeline
     from rayline.spec import apply_overrides, parse_spec
 
-    rows = []
+    specs, rows = {}, {}
     for label, overrides in CONFIGS:
         try:
-            spec = apply_overrides(parse_spec(base_spec(data, args)), overrides) if overrides else parse_spec(base_spec(data, args))
+            specs[label] = apply_overrides(parse_spec(base_spec(data, args)), overrides) if overrides else parse_spec(base_spec(data, args))
         except SpecError as exc:
-            rows.append({"config": label, "skipped": str(exc).splitlines()[-1].strip()})
-            continue
-        summary = run_pipeline(spec, ws, deploy=False)
-        total, per_worker = summary.throughput
-        rows.append({"config": label, "train_s": summary.seconds["train"], "samples_per_s": total,
-                     "samples_per_s_per_worker": per_worker, "valid_accuracy": summary.valid_metrics["accuracy"]})
-        print(f"  {label}: train stage {summary.seconds['train']:.1f} s, {total:,.0f} samples/s", flush=True)
-    return rows
+            rows[label] = {"config": label, "skipped": str(exc).splitlines()[-1].strip()}
+    runs: dict[str, list] = {label: [] for label in specs}
+    for repeat in range(args.repeats):
+        for label, spec in specs.items():
+            summary = run_pipeline(spec, ws, deploy=False)
+            runs[label].append(summary)
+            print(f"  [{repeat + 1}/{args.repeats}] {label}: train stage {summary.seconds['train']:.1f} s, "
+                  f"{summary.throughput[0]:,.0f} samples/s", flush=True)
+    for label, summaries in runs.items():
+        rows[label] = {"config": label, "train_s": median(s.seconds["train"] for s in summaries),
+                       "samples_per_s": median(s.throughput[0] for s in summaries),
+                       "samples_per_s_per_worker": median(s.throughput[1] for s in summaries),
+                       "valid_accuracy": median(s.valid_metrics["accuracy"] for s in summaries),
+                       "runs": [{"train_s": s.seconds["train"], "samples_per_s": s.throughput[0]} for s in summaries]}
+    return [rows[label] for label, _ in CONFIGS]
 
 
 def hand_written(data: Path, args) -> float:
@@ -154,6 +168,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each configuration; medians are printed")
     parser.add_argument("--json-out")
     args = parser.parse_args()
 
@@ -176,8 +191,14 @@ def main() -> None:
 def _measure(data: Path, args, ws) -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs; {args.rows} rows x 40, MLP (256, 256), "
           f"{args.workers} workers, {args.epochs} epochs, batch {args.batch}", flush=True)
+    # Warm-up, not measured: the first Ray Train run on a fresh Ray pays for worker processes'
+    # first imports and Ray Data's first plans; without it the first configuration measured
+    # (fp32 DDP, the baseline) looked slower than it is.
+    hand_written(data, args)
     rows = rayline_runs(data, args, ws)
-    hand_s = hand_written(data, args)
+    from statistics import median
+
+    hand_s = median(hand_written(data, args) for _ in range(args.repeats))
     base = next(r for r in rows if r["config"].startswith("fp32"))
     print(f"\n{'configuration':24s} {'train stage s':>13s} {'samples/s':>10s} {'x fp32':>7s} {'valid acc':>9s}")
     for r in rows:
