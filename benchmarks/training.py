@@ -38,6 +38,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "platform"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from tuning import synthetic  # noqa: E402 - the same synthetic 4-class Parquet data as the tuning benchmark
 
 CONFIGS = [
     ("fp32 DDP (baseline)", {}),
@@ -48,18 +51,6 @@ CONFIGS = [
     ("powersgd rank 2", {"train.grad_compression": {"powersgd": {"rank": 2, "start_iter": 10}}}),
     ("fsdp", {"train.strategy": "fsdp"}),
 ]
-
-
-def synthetic(path: Path, rows: int, seed: int = 0) -> Path:
-    import pandas as pd
-    from sklearn.datasets import make_classification
-
-    x, y = make_classification(n_samples=rows, n_features=40, n_informative=20, n_redundant=10, n_classes=4,
-                               class_sep=0.8, flip_y=0.02, random_state=seed)
-    frame = pd.DataFrame(x.astype("float32"), columns=[f"f{i}" for i in range(x.shape[1])])
-    frame["target"] = y
-    frame.to_parquet(path, index=False)
-    return path
 
 
 def base_spec(data: Path, args) -> dict:
