@@ -703,6 +703,11 @@ class PipelineSpec(_Strict):
             return problem(("train", "precision"), "fp16 needs GPU workers (train.use_gpu: true): fp16 mixed "
                            "precision and its loss scaling are a CUDA feature, CPUs have no fast fp16 arithmetic",
                            got="fp16 on CPU workers", allowed="bf16 (CPU and GPU), fp32, or fp16 with use_gpu: true")
+        gpus = (train.resources_per_worker or {}).get("GPU", 0)
+        if gpus > 1 and not info.multi_gpu_workers:
+            return problem(("train", "resources_per_worker", "GPU"), f"framework {framework} trains on one GPU per "
+                           "worker (one replica per worker's device: the others would sit idle)", got=f"{gpus:g}",
+                           allowed="1 or less, with more train.workers (tensorflow mirrors over a worker's GPUs)")
         if train.strategy not in info.strategies:
             return problem(("train", "strategy"), f"framework {framework} has no {train.strategy} training"
                            + (" (sharding is torch's FSDP)" if train.strategy == "fsdp" else ""),

@@ -28,6 +28,7 @@ class BackendInfo:
     grad_accumulation: bool = True  # whether train.grad_accumulation > 1 means anything (mini-batch training)
     grad_compressions: frozenset[str] = frozenset()  # train.grad_compression values besides none
     strategies: frozenset[str] = frozenset({"ddp"})  # train.strategy values (ddp: the framework's data parallelism)
+    multi_gpu_workers: bool = False  # whether one worker trains on several GPUs (resources_per_worker.GPU > 1)
 
 
 _MLP_PARAMS = frozenset({"hidden_sizes", "dropout"})
@@ -46,6 +47,7 @@ BACKENDS: dict[str, BackendInfo] = {
         module="rayline.train.tensorflow_backend",
         kinds={"mlp": _MLP_PARAMS},
         import_returns="a Keras model (tf_keras.Model)",
+        multi_gpu_workers=True,  # MirroredStrategy / MWMS over a worker's local GPUs (train/tf_steps.py)
     ),
     "xgboost": BackendInfo(
         name="xgboost",

@@ -1,9 +1,10 @@
-"""TensorFlow backend: Ray Train TensorflowTrainer with MultiWorkerMirroredStrategy workers.
+"""TensorFlow backend: Ray Train TensorflowTrainer with MultiWorkerMirroredStrategy workers
+(MirroredStrategy for a single worker with several GPUs; rayline/train/tf_steps.py).
 
 Models are tf-keras (Keras 2) models: Keras 3's `model.fit` is broken under
 MultiWorkerMirroredStrategy (keras-team/keras#20585, ray-project/ray#47464), so the
 workers and serving replicas run with TF_USE_LEGACY_KERAS=1, and training is a custom
-loop (`strategy.run` of one tf.function step) rather than `model.fit`: that gives the
+loop (`strategy.run` of one tf.function step, tf_steps.TfSteps) rather than `model.fit`: that gives the
 same epochs, per-worker batches, shuffling, optimizer semantics, validation and
 checkpoints as the torch backend.
 
@@ -24,6 +25,7 @@ import numpy as np
 from rayline.train.backend import Backend, Predict, build_from_arch
 from rayline.train.loop import EpochReporter, Throughput, shard_arrays, with_last
 from rayline.train.metrics import compute_metrics, softmax
+from rayline.train.tf_steps import TfSteps, make_strategy
 
 __all__ = ["TensorflowBackend", "BACKEND", "build_mlp"]
 
@@ -126,8 +128,10 @@ class TensorflowBackend(Backend):
         # Threads first: both settings only apply before TF's runtime starts.
         tf.config.threading.set_intra_op_parallelism_threads(config["threads"])
         tf.config.threading.set_inter_op_parallelism_threads(max(2, config["threads"]))
-        # Reads TF_CONFIG, which Ray Train's TensorflowConfig set on each worker.
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        # Before anything starts TF's runtime (MWMS configures its collectives at startup):
+        # MultiWorkerMirroredStrategy across the workers; MirroredStrategy for one worker with
+        # several GPUs (rayline/train/tf_steps.py).
+        strategy = make_strategy(ray.train.get_context().get_world_size())
         import tf_keras as keras
 
         keras.utils.set_random_seed(config["seed"])
@@ -137,7 +141,6 @@ class TensorflowBackend(Backend):
         classification = config["task"] == "classification"
         arch = config["arch"]
         num_features = arch["num_features"]
-        replicas = strategy.num_replicas_in_sync
         opt_spec = config["optimizer"]
         l2 = 0.0 if opt_spec["name"] == "adamw" else float(opt_spec["weight_decay"])
 
@@ -156,14 +159,6 @@ class TensorflowBackend(Backend):
             if loss_scaling:  # dynamic loss scale: small fp16 gradients would flush to zero
                 optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
             optimizer.build(model.trainable_variables)
-            # train.grad_accumulation: each replica sums its micro-batches' gradients in its own
-            # copy (ON_READ: written locally, never synchronised); only the step's
-            # apply_gradients all-reduces, once per N micro-batches.
-            accumulators = [
-                tf.Variable(tf.zeros_like(v), trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
-                            aggregation=tf.VariableAggregation.SUM)
-                for v in model.trainable_variables
-            ] if accumulation > 1 else []
             if reporter.restore_model_dir:
                 model.set_weights(_load_npz(os.path.join(reporter.restore_model_dir, _WEIGHTS)))
                 saved = os.path.join(reporter.restore_model_dir, _OPTIMIZER)
@@ -174,51 +169,10 @@ class TensorflowBackend(Backend):
                         var.assign(value)
         probabilities = classification and _emits_probabilities(model)
         label_dtype = np.int64 if classification else np.float32
-        tf_label = tf.int64 if classification else tf.float32
-
-        def replica_grads(x, y):
-            with tf.GradientTape() as tape:
-                out = tf.cast(model(x, training=True), tf.float32)  # the loss in fp32 under mixed precision
-                if classification:
-                    per_row = keras.losses.sparse_categorical_crossentropy(y, out, from_logits=not probabilities)
-                else:
-                    per_row = tf.square(tf.reshape(out, [-1]) - y)
-                loss = tf.reduce_mean(per_row)
-                if model.losses:
-                    loss += tf.add_n([tf.cast(l, tf.float32) for l in model.losses])
-                # Gradients are summed over replicas and micro-batches: each adds its share of the
-                # global mean (equal shards and per-worker batches make every local batch the same size).
-                scaled = loss / (replicas * accumulation)
-                if loss_scaling:
-                    scaled = optimizer.get_scaled_loss(scaled)
-            grads = tape.gradient(scaled, model.trainable_variables)
-            return optimizer.get_unscaled_gradients(grads) if loss_scaling else grads
-
-        def replica_accumulate(x, y):
-            for acc, g in zip(accumulators, replica_grads(x, y)):
-                if g is not None:
-                    acc.assign_add(g)
-
-        def replica_apply(x, y, factor):
-            variables = model.trainable_variables
-            grads = replica_grads(x, y)
-            if accumulators:  # + the group's earlier micro-batches; x N/k for a short last group
-                grads = [None if g is None else (g + acc.read_value()) * factor for g, acc in zip(grads, accumulators)]
-            pairs = [
-                (g + (l2 / replicas) * v if l2 else g, v) for g, v in zip(grads, variables) if g is not None
-            ]
-            optimizer.apply_gradients(pairs)
-            for acc in accumulators:
-                acc.assign(tf.zeros_like(acc))
-
-        @tf.function(input_signature=[tf.TensorSpec([None, num_features], tf.float32), tf.TensorSpec([None], tf_label),
-                                      tf.TensorSpec([], tf.float32)])
-        def train_step(x, y, factor):
-            strategy.run(replica_apply, args=(x, y, factor))
-
-        @tf.function(input_signature=[tf.TensorSpec([None, num_features], tf.float32), tf.TensorSpec([None], tf_label)])
-        def accumulate_step(x, y):
-            strategy.run(replica_accumulate, args=(x, y))
+        with strategy.scope():
+            steps = TfSteps(strategy, model, optimizer, world_size=reporter.world_size, num_features=num_features,
+                            classification=classification, probabilities=probabilities, l2=l2,
+                            accumulation=accumulation, loss_scaling=loss_scaling)
 
         @tf.function(input_signature=[tf.TensorSpec([None, num_features], tf.float32)])
         def infer(x):
@@ -237,18 +191,11 @@ class TensorflowBackend(Backend):
                 batch_size=per_worker_batch, batch_format="numpy",
                 local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
             )
-            pending = 0
             meter = Throughput()
             for batch, last in with_last(batches):
                 meter.add(len(batch["label"]))
                 x = tf.constant(np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), num_features))
-                y = tf.constant(np.asarray(batch["label"], dtype=label_dtype))
-                pending += 1
-                if pending == accumulation or last:
-                    train_step(x, y, tf.constant(accumulation / pending, tf.float32))
-                    pending = 0
-                else:
-                    accumulate_step(x, y)
+                steps.micro_batch(x, tf.constant(np.asarray(batch["label"], dtype=label_dtype)), last)
             # The learning rate is a (mirrored) variable: read its value, not the variable object.
             stats = meter.stats(reporter.world_size, float(np.asarray(tf.convert_to_tensor(optimizer.learning_rate))))
 
