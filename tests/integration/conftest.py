@@ -17,10 +17,22 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# Two lanes (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml): every test that needs this
+# session's Ray (or its workspace, which tests share with it) runs in one worker, in collection
+# order, with the one Ray of that session; the rest (unit tests, and integration tests that start
+# Rays of their own in subprocesses: heads, multi-node clusters, `rayline run`, submitted jobs)
+# run beside them in the other worker. Measured on the 2-core CI machine: a quarter of its CPU time
+# sat idle in one lane (Ray's start-ups, polls and health checks), and that lane alone took 36 min.
+SESSION_LANE, OWN_PROCESSES_LANE = "session-ray", "own-processes"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+        shares_session = {"ray_session", "ws"} & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group(SESSION_LANE if shares_session else OWN_PROCESSES_LANE))
 
 
 @pytest.fixture(scope="session")
