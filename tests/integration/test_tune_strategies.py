@@ -115,16 +115,20 @@ def blobs_csv(tmp_path_factory) -> str:
     return str(path)
 
 
-def _pbt_sweep(name: str, framework: str, csv: str, synch: bool = False):
-    # Two trials, one with a learning rate that cannot learn: at each perturbation point the
-    # worse one continues from a copy of the better one's checkpoint. `synch`: each trial waits
-    # for the other at every perturbation point (asynchronous PBT needs the two to overlap there,
-    # which a slow Train start-up on a loaded machine once prevented: no exploit in a CI run).
-    return parse_spec(_raw(name, framework=framework, epochs=6, source={"format": "csv", "path": csv}, label="label",
+PBT_EPOCHS = 3
+
+
+def _pbt_sweep(name: str, framework: str, csv: str):
+    # Two trials, one with a learning rate that cannot learn: at the perturbation point (epoch 2
+    # of 3) the worse one continues from a copy of the better one's checkpoint. Synchronous:
+    # each trial waits for the other there. Asynchronous PBT exploits only where the two trials
+    # overlap at a perturbation point, and in CI runs a slow Train start-up on the loaded
+    # machine kept them apart (no exploit: torch once, tensorflow once with the tests in two lanes).
+    return parse_spec(_raw(name, framework=framework, epochs=PBT_EPOCHS, source={"format": "csv", "path": csv}, label="label",
                            batch_size=8, tune={
         "num_samples": 1, "search": "grid",
         "scheduler": {"pbt": {"perturbation_interval": 2, "quantile_fraction": 0.5, "resample_probability": 0.0,
-                              "synch": synch}},
+                              "synch": True}},
         "space": {"train.optimizer.lr": {"grid": [0.000001, 0.01]}}}))
 
 
@@ -147,7 +151,7 @@ def _assert_exploited(summary):
     for row in first["history"][: event["unit"]]:
         assert row == donor_rows[row["epoch"]]
     # Every trial trained the whole run (PBT stops nobody); its units count across its Train runs.
-    assert all(t.stop_reason == "completed" and t.units_trained == 6 for t in summary.trials)
+    assert all(t.stop_reason == "completed" and t.units_trained == PBT_EPOCHS for t in summary.trials)
     return trial
 
 
@@ -161,7 +165,7 @@ def _first_checkpoint_at(run_dir: str, epoch: int) -> str:
 def test_pbt_torch_exploits_the_better_trial_and_registers_a_servable_winner(ray_session, ws, blobs_csv):
     from rayline import load_model
 
-    summary = run(_pbt_sweep("pbt-torch", "torch", blobs_csv, synch=True), ws, deploy=False)  # (tensorflow's: asynchronous)
+    summary = run(_pbt_sweep("pbt-torch", "torch", blobs_csv), ws, deploy=False)
     _assert_exploited(summary)
     assert summary.valid_metrics["accuracy"] > 0.7 and summary.test_metrics["accuracy"] > 0.7
     # The registered version loads as a Serve replica loads it, and predicts the classes.
