@@ -141,7 +141,7 @@ def _registered_epoch(pattern):
     return None
 
 
-FAULT_EPOCHS = 20  # a worker is killed after the 2nd epoch; enough left to see the resume
+FAULT_EPOCHS = 10  # a worker is killed after the 2nd epoch; 8 left to see the resume
 FAULT_MODELS = {
     # torch with train.strategy fsdp (its 2 workers each hold half of the parameters and optimizer
     # state; checkpoints gather the full state): the restart reshards the checkpoint. torch DDP's
