@@ -42,7 +42,7 @@ def make_strategy(world_size: int, devices: list[str] | None = None):
 
 
 class TfSteps:
-    """The compiled train steps of one worker; create inside `strategy.scope()` (it makes variables)."""
+    """The compiled train steps of one worker (its own variables are made in `strategy.scope()`)."""
 
     def __init__(self, strategy, model, optimizer, *, world_size: int, num_features: int, classification: bool,
                  probabilities: bool = False, l2: float = 0.0, accumulation: int = 1, loss_scaling: bool = False):
