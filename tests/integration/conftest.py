@@ -21,8 +21,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # session's Ray (or its workspace, which tests share with it) runs in one worker, in collection
 # order, with the one Ray of that session; the rest (unit tests, and integration tests that start
 # Rays of their own in subprocesses: heads, multi-node clusters, `rayline run`, submitted jobs)
-# run beside them in the other worker. Measured on the 2-core CI machine: a quarter of its CPU time
-# sat idle in one lane (Ray's start-ups, polls and health checks), and that lane alone took 36 min.
+# run beside them in the other worker. Measured on the 2-core CI machine: in one process the suite
+# took 34-36 min with a quarter of the CPU idle (Ray's start-ups, polls and health checks); two lanes: 25-27 min.
 SESSION_LANE, OWN_PROCESSES_LANE = "session-ray", "own-processes"
 
 

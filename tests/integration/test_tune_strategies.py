@@ -101,9 +101,8 @@ def _wait_for_free_cpus(timeout_s: float = 60):
 
 @pytest.fixture(scope="module")
 def blobs_csv(tmp_path_factory) -> str:
-    """12000 rows, 3 classes: an epoch takes seconds, so the two trials of a PBT sweep overlap
-    at its perturbation points even when one Train run starts many seconds after the other
-    (iris trains 6 epochs in well under a second: the first trial ended before the second began)."""
+    """12000 rows, 3 classes: an epoch takes seconds, so the PBT sweep's exploit happens mid-run
+    with real training on either side of it (iris trains a whole run in well under a second)."""
     import numpy as np
     import pandas as pd
 

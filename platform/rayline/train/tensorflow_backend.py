@@ -169,10 +169,9 @@ class TensorflowBackend(Backend):
                         var.assign(value)
         probabilities = classification and _emits_probabilities(model)
         label_dtype = np.int64 if classification else np.float32
-        with strategy.scope():
-            steps = TfSteps(strategy, model, optimizer, world_size=reporter.world_size, num_features=num_features,
-                            classification=classification, probabilities=probabilities, l2=l2,
-                            accumulation=accumulation, loss_scaling=loss_scaling)
+        steps = TfSteps(strategy, model, optimizer, world_size=reporter.world_size, num_features=num_features,
+                        classification=classification, probabilities=probabilities, l2=l2,
+                        accumulation=accumulation, loss_scaling=loss_scaling)
 
         @tf.function(input_signature=[tf.TensorSpec([None, num_features], tf.float32)])
         def infer(x):
