@@ -950,6 +950,14 @@ def main() -> None:
         err_console.print("interrupted")
         sys.exit(130)
     except Exception as exc:  # a bug in rayline or a library it calls: one line, the chain on request
+        from rayline.faults import describe_fault
+
+        fault = describe_fault(exc)
+        if fault is not None:  # the machine or the cluster failed, not rayline: what happened, what to do
+            if _debug():
+                _print_chain(exc)
+            err_console.print(styled(("error:", "red"), " " + _shown(fault)))
+            sys.exit(1)
         if _debug():
             _print_chain(exc)
             err_console.print(styled(("internal error:", "red"), _shown(f" {type(exc).__name__}: {exc}")))

@@ -149,6 +149,9 @@ def quiet_driver_logs() -> None:
             handler.setLevel(logging.WARNING)
     for name in ("ray.serve", "ray.tune"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # "Token authentication is enabled/disabled for this Ray cluster ..." at every start of an embedded
+    # Ray: rayline decides token mode itself (cluster_probe) and says what matters in its errors.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
 
 def _read_record(ws: Workspace) -> dict | None:
@@ -208,6 +211,43 @@ def _enable_token_auth() -> None:
     enable()
 
 
+def _disable_token_auth() -> None:
+    """Send no token (RAY_AUTH_MODE=disabled for this process, and Ray's cached config refreshed)."""
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    try:
+        from ray._raylet import Config
+    except ImportError:  # a Ray without token auth: nothing to refresh
+        return
+    Config.initialize("")
+
+
+def _match_cluster_auth(address: str) -> None:
+    """Send the auth token exactly when the cluster at `address` requires one: it is asked
+    (rayline.cluster_probe), since a token file on this machine says nothing about that cluster.
+
+    A token sent to a cluster started without token auth broke cross-node object fetches ("The
+    object's owner has exited") or hung the data stage. An explicit RAY_AUTH_MODE is left alone,
+    as Ray leaves it. "auto" (a Ray on this machine, found by Ray) keeps Ray's own rule.
+    """
+    from rayline.cluster_probe import probe_gcs, probe_reachable
+    from rayline.jobs.auth import load_token
+
+    if address == "auto":
+        _enable_token_auth()
+        return
+    if address.startswith("ray://"):  # Ray Client: its server answers gRPC, not the GCS's calls
+        probe_reachable(address.removeprefix("ray://"))
+        _enable_token_auth()
+        return
+    answer = probe_gcs(address, token=load_token)
+    if os.environ.get("RAY_AUTH_MODE") is not None:
+        return
+    if answer.token_required:
+        _enable_token_auth()
+    else:
+        _disable_token_auth()
+
+
 def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None = None, verbose: bool = False,
             ingress: str | None = None) -> Connection:
     """Join a running cluster when one is named or recorded; else start an embedded Ray.
@@ -223,9 +263,10 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
         quiet_driver_logs()
     recorded = _recorded_head(ws)
     address = address or os.environ.get("RAY_ADDRESS") or recorded
+    if address:
+        _match_cluster_auth(address)  # fails fast, one line, when nothing answers there
     try:
         if address:
-            _enable_token_auth()
             if address == recorded and (_read_record(ws) or {}).get("loopback"):
                 _use_loopback_head()
             # A head from `rayline cluster up` already has train_env(); another cluster gets it per job.
@@ -245,6 +286,12 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
     except ConnectionError as exc:
         raise ClusterError(f"cannot reach a Ray cluster at {address}: {exc} (start one with `rayline cluster up`)") from None
     except Exception as exc:
+        from rayline.errors import EnvironmentFault
+        from rayline.faults import describe_fault
+
+        fault = describe_fault(exc)
+        if fault is not None:  # the machine failed (a removed working directory, a full disk), not Ray's address
+            raise EnvironmentFault(fault) from exc
         raise ClusterError(f"cannot start Ray{' at ' + address if address else ''}: {str(exc).splitlines()[0]}") from None
     return Connection(address=None, embedded=True, owned=True)
 
@@ -544,8 +591,18 @@ def cluster_status(ws: Workspace) -> dict:
     address = _recorded_head(ws)
     if not address:
         return {"alive": False, "address": None}
-    _enable_token_auth()
+    from rayline.cluster_probe import probe_gcs
+    from rayline.jobs.auth import load_token
+
+    try:
+        answer = probe_gcs(address, token=load_token)
+    except ClusterError as exc:
+        if "no Ray cluster answers" not in str(exc):
+            raise  # it answers, but refuses this client's token: say that
+        return {"alive": False, "address": address, "detail": str(exc),
+                **{k: info[k] for k in ("host", "loopback", "token_auth", "client_port") if k in info}}
     env = {**os.environ, **(_loopback_env() if info.get("loopback") else {})}
+    env.setdefault("RAY_AUTH_MODE", "token" if answer.token_required else "disabled")
     try:
         proc = subprocess.run([_ray_cli(), "status", f"--address={address}"], capture_output=True, text=True,
                               timeout=60, env=env)

@@ -12,6 +12,7 @@ __all__ = [
     "ServeError",
     "PredictionError",
     "ClusterError",
+    "EnvironmentFault",
     "InterruptedRun",
 ]
 
@@ -65,6 +66,11 @@ class PredictionError(ServeError):
 
 class ClusterError(RaylineError):
     """No Ray cluster could be started or reached."""
+
+
+class EnvironmentFault(RaylineError):
+    """The machine or cluster rayline runs on failed (rayline.faults): a vanished working directory,
+    a full disk, an unwritable workspace, a lost Ray node or connection; not a bug in rayline."""
 
 
 class InterruptedRun(RaylineError):

@@ -72,6 +72,10 @@ class LocalCluster:
     client_port: int
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     nodes: list[Node] = field(default_factory=list)
+    # Every node's Ray authentication, e.g. {"RAY_AUTH_MODE": "disabled"} or {"RAY_AUTH_MODE": "token",
+    # "RAY_AUTH_TOKEN": ...}; None: as `ray start` decides from this machine (a token file turns it on).
+    auth: dict | None = None
+    port_base: int = _NODE_PORT_BASE  # node i's ports: port_base + 10 * i + k (another module's cluster: another base)
 
     @property
     def ip(self) -> str:
@@ -97,10 +101,14 @@ class LocalCluster:
         env = {**os.environ, **train_env(), "RAY_TRAIN_ENABLE_STATE_TRACKING": "1"}
         env.pop("RAY_ADDRESS", None)
         env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        if self.auth is not None:
+            for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+                env.pop(key, None)
+            env.update(self.auth)
         if node is not None:
             env.update(serve_env(None, state_dir=node.haproxy_dir))
-            base = _NODE_PORT_BASE + 10 * node.index
-            if node.index:
+            base = self.port_base + 10 * node.index
+            if node.index and self.auth is None:
                 from rayline.cluster import token_auth_on
 
                 if token_auth_on():  # a joining node sends the token only in token mode (set explicitly)
@@ -118,7 +126,7 @@ class LocalCluster:
 
     def _start(self, num_cpus: int, *args: str, node: Node | None = None) -> Node:
         node = node or self._new_node(num_cpus)
-        base = _NODE_PORT_BASE + 10 * node.index
+        base = self.port_base + 10 * node.index
         ports = [f"{name}={base + k}" for k, name in enumerate(_PORT_NAMES)]
         cmd = [_ray_cli(), "start", *args, f"--num-cpus={num_cpus}", f"--temp-dir={node.temp_dir}",
                f"--labels={_LABEL}={node.name}", "--disable-usage-stats", *ports]
@@ -162,6 +170,9 @@ class LocalCluster:
     def headers(self) -> dict:
         from rayline.cluster import token_auth_on
 
+        if self.auth is not None:
+            token = self.auth.get("RAY_AUTH_TOKEN")
+            return {"authorization": f"Bearer {token}"} if self.auth.get("RAY_AUTH_MODE") == "token" else {}
         if not token_auth_on():
             return {}
         token = os.environ.get("RAY_AUTH_TOKEN")

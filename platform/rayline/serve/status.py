@@ -27,26 +27,14 @@ def connect_existing(ws, address: Optional[str] = None):
     """Join the named cluster (else RAY_ADDRESS, else the head `rayline cluster up` recorded,
     else the Ray running on this machine); never start one, which would serve nothing.
 
-    An address whose port does not answer fails within seconds: `ray.init` would retry
-    for minutes (measured: still waiting after 10 min for 127.0.0.1:1).
+    An address where no Ray head answers fails within seconds (rayline.cluster_probe, inside
+    `connect`): `ray.init` would retry for minutes (measured: still waiting after 10 min for 127.0.0.1:1).
     """
     import os
-    import socket
 
     from rayline.cluster import _recorded_head, connect
-    from rayline.errors import ClusterError
 
     address = address or os.environ.get("RAY_ADDRESS") or _recorded_head(ws) or "auto"
-    target = address.removeprefix("ray://")
-    host, sep, port = target.rpartition(":")
-    if address != "auto" and sep and port.isdigit():
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=3.0).close()
-        except OSError as exc:
-            from rayline.redact import redact_uri
-
-            raise ClusterError(f"no Ray cluster answers at {redact_uri(address)} ({exc.strerror or exc}; allowed: a running "
-                               f"head's address, e.g. from `rayline cluster up` or `rayline cluster status`)") from None
     return connect(ws, address)
 
 

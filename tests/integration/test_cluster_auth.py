@@ -1,0 +1,128 @@
+"""A client with a Ray token file against two-node clusters with and without token authentication.
+
+`~/.ray/auth_token` is left on a machine by any earlier `ray start` or `rayline cluster up`; it says
+nothing about the cluster a user then names. rayline used to turn Ray's token mode on whenever such
+a file existed: against a cluster started without token auth, `rayline run --address` then failed in
+the data stage ("The object's owner has exited") or sat there printing nothing for 13 minutes.
+
+Each cluster is two separate `ray start` nodes on this machine (tests/integration/multinode_cluster.py):
+a head with no CPUs and a worker node with 2, so every read and training task runs on the other
+node and every result crosses nodes to the driver. The client's HOME holds a token file in both cases.
+On each: `rayline run --address` (the driver in the client process) and `rayline submit` (the
+driver in a job on the head) train and register a tiny pipeline; and a client without the token
+against the token cluster gets one line naming the variables to set.
+"""
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import ROOT
+from .multinode_cluster import LocalCluster
+
+SPEC = """name: iris-auth
+data:
+  source: {format: csv, path: iris.csv}
+  label: target
+  split: {valid: 0.2, test: 0.2, seed: 0}
+task: classification
+model:
+  framework: xgboost
+  kind: gbdt
+  params: {max_depth: 3, eta: 0.3, num_boost_round: 5}
+train: {workers: 1, metric: accuracy}
+"""
+
+# Ports apart from every other module's clusters and heads (test_multinode 6414/8314/20414 and node
+# ports 20420+; test_submit 6411; test_cluster 6390-6393).
+PORTS = {"token": (6416, 8316, 20416, 20520), "disabled": (6417, 8317, 20417, 20560)}
+
+
+def _home_with_token(root, token: str | None):
+    home = root / ("home-with-token" if token else "home-without-token")
+    (home / ".ray").mkdir(parents=True)
+    if token:
+        (home / ".ray" / "auth_token").write_text(token)
+    return home
+
+
+@pytest.fixture(scope="module", params=["token", "disabled"])
+def cluster(request, tmp_path_factory):
+    mode = request.param
+    root = tmp_path_factory.mktemp(f"auth-{mode}")
+    from sklearn.datasets import load_iris
+
+    frame = load_iris(as_frame=True).frame
+    frame.columns = [c.replace(" (cm)", "").replace(" ", "_") for c in frame.columns]
+    project = root / "project"
+    project.mkdir()
+    frame.to_csv(project / "iris.csv", index=False)
+    (project / "iris.yaml").write_text(SPEC)
+    cluster_token = "rl-" + secrets.token_hex(16)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": cluster_token} if mode == "token" else {"RAY_AUTH_MODE": "disabled"}
+    gcs, dashboard, client, base = PORTS[mode]
+    cluster = LocalCluster(gcs, dashboard, client, auth=auth, port_base=base)
+    # The client's token file: the cluster's own on the token cluster; on the other, one left by an
+    # earlier `ray start` on this machine, which that cluster never heard of.
+    home = _home_with_token(root, cluster_token if mode == "token" else "rl-" + secrets.token_hex(16))
+    try:
+        started = time.monotonic()
+        cluster.start_head(num_cpus=0)
+        cluster.add_workers(1, num_cpus=2)
+        print(f"{mode} cluster of 2 nodes up in {time.monotonic() - started:.0f} s")
+        yield {"mode": mode, "cluster": cluster, "root": root, "project": project, "home": home}
+    finally:
+        left = cluster.shutdown()
+    assert left == [], "processes of the test cluster left running:\n" + "\n".join(left)
+
+
+def _client(setup, *args, home=None, timeout=420):
+    """The CLI as a user on this machine runs it: HOME with a token file, no Ray variables set."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("RAY_AUTH", "RAY_ADDRESS", "RAY_API_SERVER", "RAYLINE_WORKSPACE"))}
+    env["HOME"] = str(home or setup["home"])
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True,
+                          cwd=setup["project"], env=env, timeout=timeout)
+    return proc, time.monotonic() - started
+
+
+def test_run_with_address_trains_and_registers(cluster):
+    """The driver is this client; the data is read and trained on the other node."""
+    ws = cluster["root"] / "ws-run"
+    proc, took = _client(cluster, "run", "iris.yaml", "--address", cluster["cluster"].address, "--no-serve",
+                         "--workspace", str(ws))
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 0, shown[-4000:]
+    assert "registered: model iris-auth version 1" in shown, shown[-4000:]
+    print(f"{cluster['mode']}: rayline run --address took {took:.0f} s")
+
+
+def test_submit_trains_and_registers(cluster):
+    """The driver runs in a job on the head; the client talks to the Jobs API only."""
+    ws = cluster["root"] / "ws-job"
+    proc, took = _client(cluster, "submit", "iris.yaml", "--address", cluster["cluster"].dashboard, "--no-serve",
+                         "--workspace", str(ws), "--follow")
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 0, shown[-4000:]
+    assert "registered: model iris-auth version 1" in shown and shown.rstrip().endswith("SUCCEEDED"), shown[-4000:]
+    print(f"{cluster['mode']}: rayline submit --follow took {took:.0f} s")
+
+
+def test_a_client_without_the_token_gets_one_line(cluster):
+    no_token = _home_with_token(cluster["root"] / "elsewhere", None)
+    jobs, _ = _client(cluster, "jobs", "list", "--address", cluster["cluster"].dashboard, home=no_token, timeout=120)
+    if cluster["mode"] == "disabled":  # nothing to send, nothing asked: it just works
+        assert jobs.returncode == 0, jobs.stdout + jobs.stderr
+        return
+    run, _ = _client(cluster, "run", "iris.yaml", "--address", cluster["cluster"].address, "--no-serve", home=no_token,
+                     timeout=120)
+    for proc in (run, jobs):
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+        assert "requires token authentication and no token is set" in proc.stderr, proc.stderr
+        assert "RAY_AUTH_TOKEN" in proc.stderr and "RAY_AUTH_TOKEN_PATH" in proc.stderr, proc.stderr
