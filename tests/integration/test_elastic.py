@@ -9,6 +9,7 @@ resources) and the embedded Ray of a `rayline run` subprocess.
   before anything trains or is registered.
 """
 
+import json
 import textwrap
 
 import pytest
@@ -17,7 +18,9 @@ import yaml
 from .conftest import run
 
 _BUILDER = textwrap.dedent('''
-    """A tiny torch model that records which worker built it (rank and world size)."""
+    """A tiny torch model that records which worker built it (rank and world size) and the
+    resources Ray assigned to that worker (JSON)."""
+    import json
     import os
 
 
@@ -30,10 +33,12 @@ _BUILDER = textwrap.dedent('''
 
                 context = ray.train.get_context()
                 name = f"rank{context.get_world_rank()}-of-{context.get_world_size()}"
+                assigned = ray.get_runtime_context().get_assigned_resources()
             except Exception:  # loaded outside training (registering, serving)
                 name = None
             if name:
-                open(os.path.join(record_to, name), "w").close()
+                with open(os.path.join(record_to, name), "w") as fh:
+                    json.dump(assigned, fh)
         return nn.Linear(num_features, num_outputs)
 ''')
 
@@ -75,7 +80,12 @@ def test_elastic_min1_max2_trains_with_the_workers_that_fit(tmp_path):
     # The plan started both workers (2 x 0.5 CPU fit the 2 CPUs), said so, and they trained.
     assert "train: started 1-2 workers (starting with 2) x 0.5 CPU, 1 epochs" in proc.stdout, proc.stdout
     assert "registered: model elastic-iris version 1" in proc.stdout and "accuracy" in proc.stdout
-    assert sorted(p.name for p in (tmp_path / "built").iterdir()) == ["rank0-of-2", "rank1-of-2"]
+    built = sorted((tmp_path / "built").iterdir())
+    assert [p.name for p in built] == ["rank0-of-2", "rank1-of-2"]
+    # train.resources_per_worker is what Ray gave each worker: half a CPU and 50 MB of memory.
+    for p in built:
+        assigned = json.loads(p.read_text())
+        assert (assigned.get("CPU"), assigned.get("memory")) == (0.5, 50e6), assigned
 
 
 @pytest.mark.parametrize("train, expected", [
@@ -106,7 +116,6 @@ def test_accelerator_type_and_custom_resource_place_the_workers(tmp_path):
     """A `rayline run` with its own embedded Ray whose node has the logical resources of an A100
     node and one `rayline_slot` (RAY_OVERRIDE_RESOURCES, read by Ray when the node starts): the
     workers are placed there, and the custom resource decides the elastic size — 1 of max 2."""
-    import json
     import os
     import subprocess
     import sys
@@ -120,4 +129,8 @@ def test_accelerator_type_and_custom_resource_place_the_workers(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    assert sorted(p.name for p in (tmp_path / "built").iterdir()) == ["rank0-of-1"]
+    (built,) = (tmp_path / "built").iterdir()
+    assert built.name == "rank0-of-1"
+    # The worker holds its share of the A100 node resource and the slot: it was placed by both.
+    assigned = json.loads(built.read_text())
+    assert (assigned.get("accelerator_type:A100"), assigned.get("rayline_slot")) == (0.001, 1), assigned

@@ -141,9 +141,15 @@ def test_runs_checkpoints_records_and_artifacts_are_objects_in_the_bucket(s3, en
     assert f"{train_dir}/checkpoint_manager_snapshot.json" in runs
     # The run's TensorBoard event files, written locally and uploaded beside them.
     assert any(k.startswith(f"{PREFIX}/runs/{experiment}/tensorboard/train/events.out.tfevents.") for k in runs), runs
-    # MLflow's artifacts of the registered version: the model directory rayline assembled.
+    # MLflow's artifacts of the registered version: the pyfunc model (its MLmodel) wrapping the
+    # model directory rayline assembled (artifacts/rayline: metadata, preprocessing, weights).
     artifacts = [k for k in keys if k.startswith(f"{PREFIX}/mlartifacts/")]
-    assert any(k.endswith("/model/rayline.json") or k.endswith("/model/MLmodel") or "/model/" in k for k in artifacts), artifacts
+    model_roots = [k[:-len("/MLmodel")] for k in artifacts if k.endswith("/model/MLmodel")]
+    assert model_roots, artifacts
+    for root in model_roots:
+        for name in ("rayline.json", "preprocessing.json"):
+            assert f"{root}/artifacts/rayline/{name}" in artifacts, (name, artifacts)
+        assert any(k.startswith(f"{root}/artifacts/rayline/weights/") for k in artifacts), artifacts
     # Nothing of it on this machine: no runs/ or mlartifacts/ in the local part of the workspace,
     # nor a ./.rayline in the working directory.
     local = Path(env["RAYLINE_CACHE_DIR"]) / "workspaces"

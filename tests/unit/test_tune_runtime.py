@@ -54,3 +54,58 @@ def test_max_workers_follows_the_space():
     assert max_workers(_spec(space={"train.workers": {"choice": [2, 64]}})) == 64
     assert max_workers(_spec(space={"train.workers": {"randint": [1, 3]}})) == 3
     assert max_workers(_spec()) == 1  # not in the space: train.workers itself
+
+
+# ---- randint's bounds are inclusive: drawn from the real Tune domains, not rayline's arithmetic
+
+def _drawn(domains: dict, n: int = 400) -> dict[str, set]:
+    return {path: {domain.sample() for _ in range(n)} for path, domain in domains.items()}
+
+
+_RANDINT_SPACE = {"train.batch_size": {"randint": [2, 4]}, "train.epochs": {"randint": [5, 6]}}
+_RANDINT_DRAWS = {"train.batch_size": {2, 3, 4}, "train.epochs": {5, 6}}
+
+
+def test_randint_draws_both_bounds_and_nothing_outside():
+    """`randint: [2, 4]` draws 2, 3 and 4 from the Tune domain `search_space` builds (random search)."""
+    from rayline.tune import search_space
+
+    space = search_space(_spec(space=_RANDINT_SPACE))
+    assert _drawn({p: space[p] for p in _RANDINT_DRAWS}) == _RANDINT_DRAWS
+
+
+def test_randint_bounds_inclusive_through_optuna():
+    """Optuna's TPE (rayline's searcher, fed search_space as Tune feeds it) suggests both bounds, nothing outside."""
+    from rayline.searchers import SEARCHERS
+    from rayline.tune import search_space
+
+    spec = _spec(space=_RANDINT_SPACE)
+    searcher = SEARCHERS["optuna"].build(spec, metric="loss", mode="min", concurrency=1)
+    assert searcher.set_search_properties("loss", "min", search_space(spec))
+    drawn = {p: set() for p in _RANDINT_DRAWS}
+    for i in range(120):  # one live trial at a time (the limiter), each completed before the next
+        config = searcher.suggest(f"t{i}")
+        for p in drawn:
+            drawn[p].add(config[p])
+        searcher.on_trial_complete(f"t{i}", result={"loss": float(i % 7), "training_iteration": 1})
+    assert drawn == _RANDINT_DRAWS
+
+
+def test_randint_bounds_inclusive_in_pbt_mutations():
+    """PBT resamples a randint path from the domain `Pbt.mutations` builds: both bounds, nothing outside."""
+    from rayline.schedulers import SCHEDULERS
+
+    spec = _spec(space={"train.batch_size": {"randint": [2, 4]}}, scheduler="pbt")
+    assert _drawn(SCHEDULERS["pbt"].mutations(spec)) == {"train.batch_size": {2, 3, 4}}
+
+
+def test_randint_inside_a_model_family_draws_both_bounds():
+    """A family's own randint (`model: {choice: [...]}`, flattened to model[i].params.<p>) is drawn inclusively too."""
+    from rayline.tune import search_space
+
+    xgb = {"framework": "xgboost", "kind": "gbdt", "params": {"max_depth": {"randint": [2, 5]}, "num_boost_round": 20}}
+    torch = {"framework": "torch", "kind": "mlp", "params": {}}
+    spec = parse_spec({"name": "t", "data": {"source": {"format": "sklearn", "name": "iris"}, "label": "target"},
+                       "train": {"epochs": 2}, "tune": {"num_samples": 2, "space": {"model": {"choice": [torch, xgb]}}}})
+    space = search_space(spec)
+    assert _drawn({"model[1].params.max_depth": space["model[1].params.max_depth"]}) == {"model[1].params.max_depth": {2, 3, 4, 5}}
