@@ -58,6 +58,17 @@ def test_regression_reports_the_torch_metric_names(ray_session, ws, framework, m
     summary = run(spec, ws)
     start = next(detail for stage, event, detail in summary.events if stage == "train" and event == "start")
     assert (", bf16, effective batch" in start) == bool(technique), start
+    if technique:  # train.grad_accumulation 2 reached the tensorflow workers: the optimizer's own step count
+        import math
+
+        from rayline.train.loop import MODEL_DIR, read_state
+
+        checkpoint = summary.trials[0].result.checkpoint_dir
+        with np.load(os.path.join(checkpoint, MODEL_DIR, "optimizer.npz")) as saved:
+            iterations = int(saved["arr_0"])  # the optimizer's first variable (tests/unit/test_tf_steps.py)
+        micro_batches = math.ceil((summary.rows["train"] // 2) / 8)  # a worker's half of the rows, batches of 16 / 2
+        epochs = read_state(checkpoint)["epoch"] + 1
+        assert iterations == epochs * math.ceil(micro_batches / 2), (iterations, epochs, summary.rows)
     assert summary.task == "regression" and summary.metric == "rmse"
     assert set(summary.test_metrics) == set(REGRESSION_METRICS)
     from rayline.train.loop import TRAINING_STATS

@@ -7,6 +7,7 @@ step give the update of one batch N times larger, with one all-reduce instead of
 
 from __future__ import annotations
 
+import math
 import socket
 
 import pytest
@@ -32,6 +33,9 @@ def _batches(seed: int, count: int):
 def _train(model, batches, accumulation: int, precision: str = "fp32"):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     steps = TorchSteps(model, optimizer, precision=precision, accumulation=accumulation)
+    # The optimizer.step() calls as the optimizer itself sees them (not TorchSteps' own count).
+    steps.optimizer_calls = []
+    optimizer.register_step_post_hook(lambda *_: steps.optimizer_calls.append(1))
     loss_fn = torch.nn.CrossEntropyLoss()
     for (x, y), last in with_last(batches):
         steps.micro_batch(lambda: loss_fn(model(x), y), last)
@@ -55,7 +59,7 @@ def test_n_micro_batches_make_the_update_of_one_batch_n_times_larger():
     steps = _train(accumulated, batches, accumulation=4)
     big = _model()
     _train(big, [(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))], accumulation=1)
-    assert steps.steps == 1
+    assert len(steps.optimizer_calls) == 1 == steps.steps  # one optimizer step for the 4 micro-batches
     for a, b in zip(_params(accumulated), _params(big)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # And not what 4 separate steps give.
@@ -71,7 +75,7 @@ def test_a_short_last_group_steps_with_its_own_mean():
     reference = _model()
     pairs = [(torch.cat([batches[i][0], batches[i + 1][0]]), torch.cat([batches[i][1], batches[i + 1][1]])) for i in (0, 2)]
     _train(reference, pairs + [batches[4]], accumulation=1)
-    assert steps.steps == 3
+    assert len(steps.optimizer_calls) == 3 == steps.steps
     for a, b in zip(_params(accumulated), _params(reference)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -131,7 +135,7 @@ def _ddp_runs(rank: int, port: int, results):
             model = DistributedDataParallel(_model())
             calls = counted(model)
             steps = _train(model, data, accumulation)
-            out[name] = {"calls": len(calls), "steps": steps.steps, "params": [p.tolist() for p in _params(model)]}
+            out[name] = {"calls": len(calls), "steps": len(steps.optimizer_calls), "params": [p.tolist() for p in _params(model)]}
         # train.grad_compression: the same 6 steps with each DDP communication hook.
         from rayline.train.torch_steps import register_compression
 
@@ -142,15 +146,26 @@ def _ddp_runs(rank: int, port: int, results):
             assert register_compression(model, compression) == name
             _train(model, _batches(20 + rank, 6), accumulation=1)
             out[f"compressed_{name}"] = [p.tolist() for p in _params(model)]
+            # The hook DDP holds, and the all-reduces PowerSGD's own state counted (its hook alone counts them).
+            out[f"hooks_{name}"] = [[hook.__qualname__, getattr(state, "iter", None)] for hook, state in model._comm_hooks]
+        # PowerSGD with 2 micro-batches per step: its hook runs once per step (3), not per micro-batch (6).
+        model = DistributedDataParallel(_model())
+        register_compression(model, {"name": "powersgd", "rank": 1, "start_iter": 2})
+        steps = _train(model, _batches(20 + rank, 6), accumulation=2)
+        out["powersgd_accumulated"] = {"steps": len(steps.optimizer_calls), "hook_calls": model._comm_hooks[0][1].iter}
         # train.strategy fsdp: the same 4 accumulated micro-batches with the parameters sharded over
         # the 2 ranks (FSDP2 over gloo); the gathered full weights are what DDP computed.
         from rayline.train import torch_fsdp
 
         sharded = torch_fsdp.shard(_model(), torch.device("cpu"), 2)
-        local = sum(p.to_local().numel() for p in sharded.parameters())
+        # This rank's elements of each parameter (a DTensor's local shard; all of a plain tensor) and how
+        # each is placed over the mesh.
+        local = [(p.to_local() if hasattr(p, "to_local") else p).numel() for p in sharded.parameters()]
+        placements = sorted({str(getattr(p, "placements", "not a DTensor")) for p in sharded.parameters()})
         steps = _train(sharded, batches, accumulation=4)
+        stepped = len(steps.optimizer_calls)  # before full_state, whose gathering steps a stateless optimizer once
         weights, _ = torch_fsdp.full_state(sharded, steps.optimizer)
-        out["fsdp"] = {"steps": steps.steps, "local_numel": local,
+        out["fsdp"] = {"steps": stepped, "local_numel": local, "placements": placements,
                        "params": [weights[k].tolist() for k in _model().state_dict()] if rank == 0 else []}
         # Its optimizer state survives a checkpoint: gathered, then loaded into a fresh sharded copy.
         adam_model = torch_fsdp.shard(_model(), torch.device("cpu"), 2)
@@ -220,10 +235,16 @@ def test_ddp_accumulation_all_reduces_once_per_step_and_matches_the_big_batch(dd
         assert run["every_micro_batch"]["calls"] == 4 and run["every_micro_batch"]["steps"] == 4
         for a, b in zip(run["accumulated"]["params"], run["one_big_batch"]["params"]):
             torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
-    # FSDP: each rank held part of the parameters (147 in all), and the gathered weights after the
-    # accumulated step are DDP's.
-    assert got[0]["fsdp"]["local_numel"] + got[1]["fsdp"]["local_numel"] == 147
-    assert got[0]["fsdp"]["local_numel"] < 147 and got[0]["fsdp"]["steps"] == 1
+    # FSDP: each rank holds its own dim-0 shard of every parameter (FSDP2's Shard(0) over the 2-rank
+    # mesh: rank 0 the first ceil(rows / 2) rows, rank 1 the rest), 147 elements between them, and
+    # the gathered weights after the accumulated step are DDP's.
+    shapes = [p.shape for p in _model().parameters()]  # (16, 5), (16,), (3, 16), (3,)
+    for rank in (0, 1):
+        mine = [math.prod(shape[1:]) * (-(-shape[0] // 2) if rank == 0 else shape[0] // 2) for shape in shapes]
+        assert got[rank]["fsdp"]["local_numel"] == mine == ([40, 8, 32, 2] if rank == 0 else [40, 8, 16, 1])
+        assert got[rank]["fsdp"]["placements"] == ["(Shard(dim=0),)"], got[rank]["fsdp"]["placements"]
+    assert sum(got[0]["fsdp"]["local_numel"]) + sum(got[1]["fsdp"]["local_numel"]) == 147
+    assert got[0]["fsdp"]["steps"] == 1
     for a, b in zip(got[0]["fsdp"]["params"], got[0]["accumulated"]["params"]):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
     assert all(got[r]["fsdp_optimizer_restored"] and got[r]["fsdp_optimizer_steps"] for r in (0, 1))
@@ -234,6 +255,14 @@ def test_ddp_accumulation_all_reduces_once_per_step_and_matches_the_big_batch(dd
 
 def test_compressed_all_reduce_trains_close_to_plain_ddp(ddp_results):
     got = ddp_results
+    for rank in (0, 1):
+        # register_compression installed DDP's own hook for each name, and none for "none"...
+        assert got[rank]["hooks_none"] == []
+        assert got[rank]["hooks_fp16"] == [["fp16_compress_hook", None]]
+        # ...and DDP called PowerSGD's on every all-reduce: once per step of the 6 (its state counts
+        # them), and with 2 accumulated micro-batches per step once per step of the 3, not per micro-batch.
+        assert got[rank]["hooks_powersgd"] == [["powerSGD_hook", 6]]
+        assert got[rank]["powersgd_accumulated"] == {"steps": 3, "hook_calls": 3}
     plain = [torch.tensor(p) for p in got[0]["compressed_none"]]
     for name, tolerance in (("fp16", 0.01), ("powersgd", 0.3)):
         compressed = [torch.tensor(p) for p in got[0][f"compressed_{name}"]]
