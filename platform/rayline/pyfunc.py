@@ -14,8 +14,29 @@ rayline's own `Predictor` from `artifacts/rayline`, so offline, pyfunc and serve
 predictions are the same code on the same files. The model needs rayline installed where it
 loads (`mlflow models serve --env-manager local`, or an environment with rayline).
 
-Signature (from the fitted preprocessing's features): numeric features are `double`,
-boolean ones `boolean`, string/categorical ones `string`; a feature an impute step fills is
+Signature (from the fitted preprocessing's features), following the training columns' types
+as pandas reads the training file, because MLflow enforces it before the model runs:
+
+    integer column, no impute step   `long`     pd.read_csv gives int64 (rayline refuses nulls
+                                                no impute step fills, so the column has none)
+    integer column, imputed          `double`   a CSV integer column with gaps reads as float64,
+                                                and a null cannot be a `long` (MLflow's server
+                                                fails casting it; its docs say: declare double)
+    number column                    `double`
+    boolean column                   `boolean`  one-hot encoded or not
+    string column                    `string`   one-hot encoded or not
+
+What MLflow 3.17 lets through (models/utils.py `_enforce_mlflow_datatype`,
+utils/proto_json_utils.py `cast_df_types_according_to_schema`): `model.predict(frame)`
+accepts int8-int64 for `long` but no float, and float16-float64 and int8-int32 for `double`
+but int64 only when every value is 0 or 1; `mlflow models serve` first casts JSON and CSV
+columns to the declared type, so JSON and CSV integers pass for `double` columns and whole
+JSON numbers (3.0) for `long` ones (MLflow's cast truncates 3.5 to 3, where the endpoint
+would take 3.5: send integers). So the training file read by pd.read_csv passes
+`model.predict` as it is, and `mlflow models serve` takes JSON and CSV bodies of its rows,
+gaps or not. What `model.predict` refuses is an int64 column where the signature says
+`double` (an imputed integer column with no gap in that frame, a number column whose values
+there are all whole): cast it with `.astype(float)`. A feature an impute step fills is
 optional (`required: false`) and may hold nulls. Output: a DataFrame with `prediction` (the
 original label, exactly the endpoint's "predictions") and, for classification, one
 `probability_<label>` column per class (the endpoint's "probabilities" values).
@@ -55,7 +76,8 @@ PROBABILITY_PREFIX = probability_column("")
 # The models-from-code file MLflow copies into every model and runs when loading it.
 MODEL_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyfunc_model.py")
 EXAMPLE_ROWS = 3
-_ALLOWED = {"double": "a number", "boolean": "true or false", "string": "a string"}
+_NUMPY = {"long": np.int64, "double": np.float64}
+_ALLOWED = {"long": "a number", "double": "a number", "boolean": "true or false", "string": "a string"}
 
 
 def output_columns(preprocessing) -> list[str]:
@@ -111,10 +133,15 @@ def predict_frame(predictor, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _feature_type(feature) -> str:
-    if feature.kind == "boolean" and feature.categories is None:
-        return "boolean"
-    if feature.kind in ("integer", "number"):
-        return "double"  # JSON numbers; an integer-valued category matches 1 and 1.0 alike (steps.value_key)
+    """The MLflow column type of a feature (see the module doc for why these)."""
+    if feature.kind == "boolean":
+        return "boolean"  # pd.read_csv gives bool; one-hot categories True/False are the same values
+    if feature.kind == "integer":
+        # An integer-valued category matches 1 and 1.0 alike (steps.value_key), so the one-hot
+        # encoded ones follow the same rule.
+        return "double" if feature.nullable else "long"
+    if feature.kind == "number":
+        return "double"
     return "string"
 
 
@@ -148,17 +175,18 @@ def example_frame(preprocessing, frame: pd.DataFrame | None = None) -> pd.DataFr
     names = [f.name for f in preprocessing.features]
     if frame is not None and len(frame) and all(n in frame.columns for n in names):
         rows = _input_frame(preprocessing, frame[names].head(EXAMPLE_ROWS).reset_index(drop=True))
-        for f in preprocessing.features:  # whole-number floats stay floats: the signature says double
-            if _feature_type(f) == "double":
-                rows[f.name] = rows[f.name].astype(np.float64)
+        for f in preprocessing.features:  # each numeric column as the signature's dtype
+            if _feature_type(f) in _NUMPY:
+                rows[f.name] = rows[f.name].astype(_NUMPY[_feature_type(f)])  # a long feature holds no nulls
         return rows
     row: dict[str, Any] = {}
     for f in preprocessing.features:
         if f.categories:
             value = f.categories[0]
-            row[f.name] = float(value) if _feature_type(f) == "double" else value if _feature_type(f) == "boolean" else str(value)
+            kind = _feature_type(f)
+            row[f.name] = _NUMPY[kind](value).item() if kind in _NUMPY else value if kind == "boolean" else str(value)
         else:
-            row[f.name] = {"double": 0.0, "boolean": False, "string": ""}[_feature_type(f)]
+            row[f.name] = {"long": 0, "double": 0.0, "boolean": False, "string": ""}[_feature_type(f)]
     return pd.DataFrame([row], columns=names)
 
 

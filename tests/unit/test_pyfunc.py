@@ -16,12 +16,14 @@ from rayline.errors import DataError
 def _fitted(label=LabelInfo("churn", "classification", ["no", "yes"])):
     frame = pd.DataFrame({"plan": ["basic", None, "pro", "plus"], "tenure": [1.0, np.nan, 3.0, 4.0],
                           "fee": [10.0, 20.0, 30.0, 40.0], "member": [True, False, True, False],
-                          "seats": [1, 2, 3, 4]})
+                          "seats": [1, 2, 3, 4], "months": [5, 6, 7, 8], "calls": [0.0, np.nan, 2.0, 9.0],
+                          "trial": [True, False, False, True]})
     features = [FeatureInfo("plan", "string"), FeatureInfo("tenure", "number"), FeatureInfo("fee", "number"),
-                FeatureInfo("member", "boolean"), FeatureInfo("seats", "integer")]
-    steps = [{"impute": {"columns": ["tenure"], "strategy": "median"}},
+                FeatureInfo("member", "boolean"), FeatureInfo("seats", "integer"), FeatureInfo("months", "integer"),
+                FeatureInfo("calls", "integer"), FeatureInfo("trial", "boolean")]
+    steps = [{"impute": {"columns": ["tenure", "calls"], "strategy": "median"}},
              {"impute": {"columns": ["plan"], "strategy": "most_frequent"}},
-             {"one_hot": {"columns": ["plan", "seats"]}}]
+             {"one_hot": {"columns": ["plan", "seats", "trial"]}}]
     from rayline.spec.models import PipelineSpec
 
     steps = PipelineSpec.model_validate({"name": "x", "data": {"source": {"format": "csv", "path": "x.csv"}, "label": "churn",
@@ -36,7 +38,10 @@ def test_signature_types_and_optional_imputed_features():
     sig = model_signature(_fitted())
     assert [(c["name"], c["type"], c["required"]) for c in sig.inputs.to_dict()] == [
         ("plan", "string", False), ("tenure", "double", False), ("fee", "double", True),
-        ("member", "boolean", True), ("seats", "double", True)]  # a one-hot integer column stays a number
+        ("member", "boolean", True),
+        ("seats", "long", True), ("months", "long", True),  # integer columns, one-hot encoded or not
+        ("calls", "double", False),  # an imputed integer column: gaps read as float64, and a null is no long
+        ("trial", "boolean", True)]  # a one-hot boolean column is still boolean
     assert sig.outputs.to_dict() == [{"type": "string", "name": "prediction", "required": True},
                                      {"type": "double", "name": "probability_no", "required": True},
                                      {"type": "double", "name": "probability_yes", "required": True}]
@@ -65,14 +70,51 @@ def test_input_examples_pass_the_signature():
     fitted = _fitted()
     schema = model_signature(fitted).inputs
     synthetic = example_frame(fitted)
-    assert synthetic.to_dict(orient="records") == [{"plan": "basic", "tenure": 0.0, "fee": 0.0, "member": False, "seats": 1.0}]
+    assert synthetic.to_dict(orient="records") == [{"plan": "basic", "tenure": 0.0, "fee": 0.0, "member": False, "seats": 1,
+                                                    "months": 0, "calls": 0.0, "trial": False}]
     real = pd.DataFrame({"churn": ["no"] * 5, "plan": ["pro", None, "basic", "plus", "pro"], "tenure": [1, None, 2, 3, 4],
-                         "fee": [1, 2, 3, 4, 5], "member": [True] * 5, "seats": [1, 2, 3, 4, 1]})
+                         "fee": [1, 2, 3, 4, 5], "member": [True] * 5, "seats": [1, 2, 3, 4, 1], "months": [1, 2, 3, 4, 5],
+                         "calls": [1, 2, 3, 4, 5], "trial": [True] * 5})
     example = example_frame(fitted, real)
-    assert list(example.columns) == ["plan", "tenure", "fee", "member", "seats"] and len(example) == 3
-    assert example["fee"].dtype == np.float64 and example["plan"].tolist() == ["pro", None, "basic"]
+    assert list(example.columns) == ["plan", "tenure", "fee", "member", "seats", "months", "calls", "trial"] and len(example) == 3
+    assert example["plan"].tolist() == ["pro", None, "basic"]
+    assert {c: str(example[c].dtype) for c in ("fee", "calls", "seats", "months")} == {
+        "fee": "float64", "calls": "float64", "seats": "int64", "months": "int64"}
     for frame in (synthetic, example):
         _enforce_schema(frame, schema)  # raises when a column does not match
+
+
+def test_the_training_csv_and_json_records_pass_the_signature(tmp_path):
+    """What a user reads from the training file passes MLflow's schema enforcement as it is:
+    pd.read_csv gives int64 for a gapless integer column (declared long) and float64 for an
+    integer column with gaps (imputed, declared double); so do JSON records of those rows."""
+    import json
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.models.utils import _enforce_schema
+
+    from rayline.pyfunc import model_signature
+
+    schema = model_signature(_fitted()).inputs
+    path = tmp_path / "train.csv"
+    path.write_text("churn,plan,tenure,fee,member,seats,months,calls,trial\n"
+                    "no,pro,12,10.5,True,2,14,,False\n"
+                    "yes,,,20.25,False,3,7,4,True\n"
+                    "no,basic,3,30.0,True,1,60,0,True\n")
+    frame = pd.read_csv(path)
+    assert {c: str(frame[c].dtype) for c in ("seats", "months", "calls", "tenure")} == {
+        "seats": "int64", "months": "int64", "calls": "float64", "tenure": "float64"}
+    enforced = _enforce_schema(frame, schema)  # raised "Can not safely convert int64 to float64" when integers were double
+    assert enforced["months"].tolist() == [14, 7, 60] and enforced["calls"].isna().tolist() == [True, False, False]
+    records = json.loads(frame.to_json(orient="records"))  # JSON numbers and nulls, as a client sends them
+    assert records[1]["plan"] is None and records[0]["months"] == 14
+    _enforce_schema(pd.DataFrame(records), schema)
+    # The one refusal the module doc names: MLflow takes int64 for a double column only when every
+    # value is 0 or 1, so a frame whose imputed integer column has no gap is cast to float first.
+    gapless = frame.assign(calls=[1, 4, 2])
+    with pytest.raises(MlflowException, match="column calls. Can not safely convert int64 to float64"):
+        _enforce_schema(gapless, schema)
+    _enforce_schema(gapless.astype({"calls": float}), schema)
 
 
 def test_requirements_pin_rayline_mlflow_and_the_framework():
@@ -116,14 +158,17 @@ def test_input_frame_fills_left_out_imputed_columns_and_refuses_other_nulls():
     from rayline.pyfunc import _input_frame
 
     fitted = _fitted()
-    frame = _input_frame(fitted, pd.DataFrame({"fee": [1.0], "member": [True], "seats": [2], "extra": ["x"]}))
-    assert frame.to_dict(orient="records") == [{"plan": None, "tenure": None, "fee": 1.0, "member": True, "seats": 2}]
+    rest = {"months": [3], "trial": [True]}
+    frame = _input_frame(fitted, pd.DataFrame({"fee": [1.0], "member": [True], "seats": [2], "extra": ["x"], **rest}))
+    assert frame.to_dict(orient="records") == [{"plan": None, "tenure": None, "fee": 1.0, "member": True, "seats": 2,
+                                                "months": 3, "calls": None, "trial": True}]
     assert np.isfinite(fitted.transform(frame)).all()  # imputed
     with pytest.raises(DataError, match=r"^input: missing feature columns \['fee'\]"):
-        _input_frame(fitted, pd.DataFrame({"member": [True], "seats": [2]}))
+        _input_frame(fitted, pd.DataFrame({"member": [True], "seats": [2], **rest}))
     with pytest.raises(DataError, match=r"^input\[1\]\.member: missing, .* \(got null; allowed: true or false\)$"):
-        _input_frame(fitted, pd.DataFrame({"fee": [1.0, 2.0], "member": [True, None], "seats": [2, 3]}))
-    strings = pd.DataFrame({"plan": pd.array(["pro", pd.NA], dtype="string"), "fee": [1.0, 2.0], "member": [True, True], "seats": [2, 3]})
+        _input_frame(fitted, pd.DataFrame({"fee": [1.0, 2.0], "member": [True, None], "seats": [2, 3], "months": [3, 4], "trial": [True] * 2}))
+    strings = pd.DataFrame({"plan": pd.array(["pro", pd.NA], dtype="string"), "fee": [1.0, 2.0], "member": [True, True], "seats": [2, 3],
+                            "months": [3, 4], "trial": [True] * 2})
     assert _input_frame(fitted, strings)["plan"].tolist() == ["pro", None]  # pandas' NA as the transform's None
 
 

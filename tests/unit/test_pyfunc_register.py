@@ -12,9 +12,9 @@ from rayline.errors import RegistryError
 
 def _artifact(folder):
     """A rayline artifact's files (model.write_artifact's layout); the weights are not read here."""
-    frame = pd.DataFrame({"x": [1.0, None, 3.0], "c": ["a", "b", "a"]})
+    frame = pd.DataFrame({"x": [1.0, None, 3.0], "c": ["a", "b", "a"], "n": [4, 5, 6]})
     steps = _steps([{"impute": {"columns": ["x"], "strategy": "mean"}}, {"one_hot": {"columns": ["c"]}}])
-    fitted = fit_preprocessing(frame, [FeatureInfo("x", "number"), FeatureInfo("c", "string")],
+    fitted = fit_preprocessing(frame, [FeatureInfo("x", "number"), FeatureInfo("c", "string"), FeatureInfo("n", "integer")],
                                LabelInfo("y", "classification", ["no", "yes"]), steps)
     (folder / "weights").mkdir(parents=True)
     fitted.save(folder / "preprocessing.json")
@@ -47,20 +47,23 @@ def _run(registry):
 
 def test_register_logs_an_mlflow_pyfunc_model_with_rayline_files_under_artifacts(registry, tmp_path):
     from mlflow.models import Model
+    from mlflow.models.utils import _enforce_schema
 
     from rayline.model import artifact_root
 
     run_id = _run(registry)
-    example = pd.DataFrame({"y": ["no", "yes"], "x": [None, 2.0], "c": ["b", "a"]})
+    example = pd.DataFrame({"y": ["no", "yes"], "x": [None, 2.0], "c": ["b", "a"], "n": [7, 12]})  # as the test split reads
     mv = registry.register(run_id, "tiny", str(_artifact(tmp_path / "model")), {"valid_accuracy": 1.0}, {}, input_example=example)
     local = registry.download(mv)
     model = Model.load(f"{local}/MLmodel")
     assert model.run_id == run_id and model.metadata["rayline"] == {"name": "tiny", "framework": "xgboost",
                                                                        "task": "classification", "metric": "accuracy"}
     assert [(c["name"], c["type"], c["required"]) for c in model.signature.inputs.to_dict()] == [
-        ("x", "double", False), ("c", "string", True)]
+        ("x", "double", False), ("c", "string", True), ("n", "long", True)]  # the integer column as long
     example = model.load_input_example(local)
     assert example["x"].isna().tolist() == [True, False] and example["c"].tolist() == ["b", "a"]
+    assert example["n"].tolist() == [7, 12] and example["n"].dtype == "int64"
+    _enforce_schema(example, model.signature.inputs)  # the logged example passes the logged signature
     assert artifact_root(local) == f"{local}/artifacts/rayline"
     assert registry.client.get_model_version("tiny", mv.version).tags["rayline.pyfunc"] == "true"
     assert list(registry.ws.tmp_dir.iterdir()) == []  # the staging copy is gone

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("bs4")
 from bs4 import BeautifulSoup  # noqa: E402
 
 PIPELINE = "sweepy"
