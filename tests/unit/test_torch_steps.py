@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # declared in pyproject.toml: a broken install fails, not skips
 
 from rayline.train.loop import with_last  # noqa: E402
 from rayline.train.torch_steps import TorchSteps  # noqa: E402
