@@ -155,8 +155,11 @@ FAULT_MODELS = {
 
 
 @pytest.mark.parametrize("framework", sorted(FAULT_MODELS))
-def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework):
-    """SIGKILL one training worker after a checkpoint exists; training resumes from it, not from epoch 0."""
+def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework, tmp_path):
+    """SIGKILL one training worker after a checkpoint exists; training resumes from it, not from epoch 0:
+    the restarted workers train from exactly that checkpoint's weights and optimizer state (FSDP: resharded;
+    xgboost: its trees and early-stopping state), and train on from there."""
+    from .restore_evidence import assert_restored, copy_checkpoints, latest_checkpoint
     from rayline.spec import apply_overrides
 
     spec, _ = churn
@@ -187,6 +190,10 @@ def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework
             if workers:
                 killed = workers[-1].pid
                 os.kill(killed, signal.SIGKILL)
+                # No report completes without the dead worker, so no checkpoint registers (and none
+                # is deleted) until the restarted attempt has restored: the one it restores is here.
+                (run_dir,) = glob.glob(os.path.dirname(snapshots))
+                copies = copy_checkpoints(run_dir, str(tmp_path / "at-kill"))
                 break
         time.sleep(0.05)
     assert killed, f"no training worker was found to kill before training ended: {outcome}"
@@ -202,6 +209,10 @@ def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework
     # restart (resumed == 0), the rest after it: resumed, not restarted from epoch 0.
     assert [row["epoch"] for row in history] == list(range(epochs))
     assert [row["resumed"] for row in history] == [0] * (resumed_at + 1) + [1] * (epochs - resumed_at - 1)
+    # The restarted workers' live state before their first step was that checkpoint's, not a fresh model's.
+    result = summary.trials[0].result
+    (restore,) = assert_restored(result.starts, result.resumed_from, copies, latest_checkpoint(result.run_dir))
+    assert restore["epoch"] == resumed_at
     if framework == "torch":
         _sharded_model_serves_as_trained(summary, ws)
 

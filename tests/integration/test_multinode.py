@@ -15,7 +15,9 @@ and Ray Train's run state), while training runs:
   machine, so the workspace, a local path, is a filesystem every node reads and writes, as an
   NFS or a cloud volume mount would be on a real cluster -- and completes: the job succeeds,
   the model is registered, the checkpoint's history shows training resumed from epoch >= 1
-  (not from epoch 0), Ray Train ran a second attempt on the surviving and the new node;
+  (not from epoch 0), the recovered workers' live weights and optimizer state before their first
+  step were exactly those of the checkpoint they restored (copied at the kill), Ray Train ran a
+  second attempt on the surviving and the new node;
 - the registered model is served by a replica on a worker node, and the endpoint answers HTTP.
 
 The pytest process never joins this cluster (it drives the session's embedded Ray): it talks
@@ -34,6 +36,7 @@ import pytest
 
 from .conftest import ROOT
 from .multinode_cluster import LocalCluster
+from .restore_evidence import assert_restored, copy_checkpoints, latest_checkpoint
 
 GCS_PORT = 6414
 DASHBOARD_PORT = 8314
@@ -139,6 +142,9 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
             except ProcessLookupError:
                 pass
         t_kill = time.monotonic()
+        # No report completes without rank 1, so no checkpoint registers (and none is deleted) until the
+        # recovered attempt has restored: the checkpoint it restores from is among these copies.
+        copies = copy_checkpoints(str(run_dir), str(tmp_path / "at-kill"))
         replacement = cluster.add_worker(num_cpus=1)  # as an autoscaler would: the 2 workers fit again
         t_added = time.monotonic()
 
@@ -167,6 +173,10 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
     resumed_at = result.resumed_from[0]
     assert all(row["resumed"] == 0 for row in result.history[:resumed_at + 1])
     assert all(row["resumed"] >= 1 for row in result.history[resumed_at + 1:])
+    # The recovered workers trained from exactly that checkpoint's weights and optimizer state (read from
+    # their live model and optimizer before the first step), not a fresh model's, and trained on.
+    restores = assert_restored(result.starts, result.resumed_from, copies, latest_checkpoint(str(run_dir)))
+    assert restores[0]["epoch"] == resumed_at
     # Ray Train's view: a failed attempt, then one on the surviving and the new node that finished.
     attempts = _train_run(cluster)["attempts"]
     assert len(attempts) >= 2 and attempts[-1]["status"] == "FINISHED", [a["status"] for a in attempts]

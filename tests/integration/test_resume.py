@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.restore_evidence import assert_restored, copy_checkpoints
 from tests.integration.test_interrupts import (BOOSTER, IRIS, _assert_no_leftovers, _descendants, _env, _interrupt_when,
                                                _mlflow, _one_line, _pipeline_runs, _squeezed)
 from tests.integration.test_interrupts import _alive as _alive_pids
@@ -157,6 +158,15 @@ def test_a_sweep_killed_then_interrupted_resumes_keeping_finished_trials(tmp_pat
             except OSError:
                 pass
 
+    # Nothing of the killed run is left to write or delete a checkpoint: the ones the resume restores are here.
+    copies: dict[str, dict[str, str]] = {}
+
+    def copy_all(phase: str) -> None:
+        for d in trial_dirs():
+            copies.setdefault(d.name, {}).update(copy_checkpoints(str(d), str(tmp_path / phase / d.name)))
+
+    copy_all("killed")
+
     client = _mlflow(ws)
     (killed,) = _pipeline_runs(client, "irisresume")
     assert killed.info.status == "RUNNING"  # nobody was left to end it
@@ -200,6 +210,7 @@ def test_a_sweep_killed_then_interrupted_resumes_keeping_finished_trials(tmp_pat
     assert printed.group(1) == interrupted.info.run_id
     _assert_no_leftovers(seen2)
     long_then = _registered_epoch(by_dir[long_id])
+    copy_all("interrupted")
 
     phase3 = time.monotonic()
     resumed = subprocess.run([sys.executable, "-m", "rayline.cli", "resume", printed.group(1), "--workspace", str(ws),
@@ -226,6 +237,13 @@ def test_a_sweep_killed_then_interrupted_resumes_keeping_finished_trials(tmp_pat
     assert last[long_id]["epoch"] == ROUNDS[1] - 1
     assert last[long_id]["resumed_from"] == [long_before, long_then], (long_before, long_then, last[long_id]["resumed_from"])
     assert [row["epoch"] for row in last[long_id]["history"]] == list(range(1, ROUNDS[1], 2))
+    # Each resume trained on from exactly the booster (trees, rounds) and early-stopping state of the
+    # checkpoint it restored, as the checkpoint's files hold them; so did any other unfinished trial.
+    for t, d in final_dirs.items():
+        if t != short_id:
+            final = max((c for c in d.glob("checkpoint_*") if read_state(str(c))), key=lambda c: read_state(str(c))["epoch"])
+            restores = assert_restored(last[t]["starts"], last[t]["resumed_from"], copies.get(d.name, {}), str(final))
+            assert t != long_id or [r["epoch"] for r in restores] == [long_before, long_then]
 
     # The searcher's state was restored: the trials are exactly those an uninterrupted sweep with
     # the same seed draws (a fresh generator would repeat the first draws).

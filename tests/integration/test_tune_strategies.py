@@ -6,6 +6,7 @@ a few epochs, two trials at once.
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -15,6 +16,7 @@ from rayline.spec import parse_spec
 from rayline.storage import list_names
 from rayline.train.loop import read_state
 from tests.integration.conftest import run
+from tests.integration.restore_evidence import assert_restored
 
 IRIS = {"format": "sklearn", "name": "iris"}
 
@@ -149,6 +151,16 @@ def _assert_exploited(summary):
                                                                           event["unit"] - 1))["history"]}
     for row in first["history"][: event["unit"]]:
         assert row == donor_rows[row["epoch"]]
+    # ...and its workers trained from exactly the donor's checkpoint: the live weights and optimizer state
+    # recorded before their first step are the donor's files' (kept: PBT keeps every checkpoint), not a
+    # fresh model's, and they trained on from there.
+    donor_ckpt = _first_checkpoint_at(f"{base}/trial-{donor.trial_id}", event["unit"] - 1)
+    # (Ray's checkpoint_manager_snapshot.json is among the names too: no state file.)
+    final_state, final = max(((s, f"{base}/{restarted}/{n}") for n in names if (s := read_state(f"{base}/{restarted}/{n}"))),
+                             key=lambda found: found[0]["epoch"])
+    (restore,) = assert_restored(final_state["starts"], final_state["resumed_from"],
+                                 {donor_ckpt.rsplit("/", 1)[1]: donor_ckpt}, final)
+    assert os.path.realpath(restore["source"]) == os.path.realpath(donor_ckpt), (restore["source"], donor_ckpt)
     # Every trial trained the whole run (PBT stops nobody); its units count across its Train runs.
     assert all(t.stop_reason == "completed" and t.units_trained == PBT_EPOCHS for t in summary.trials)
     return trial

@@ -1,8 +1,17 @@
 """The per-worker training protocol shared by every backend: resume, report, checkpoint.
 
 A checkpoint directory holds `model/` (framework files, written by the backend) and
-`rayline_state.json` (epoch, metrics, the per-epoch history and the epochs training
-resumed from). Only rank 0 writes checkpoints; every rank reports, as Ray Train requires.
+`rayline_state.json` (epoch, metrics, the per-epoch history, the epochs training resumed
+from, and `starts`). Only rank 0 writes checkpoints; every rank reports, as Ray Train requires.
+
+`starts`: one record per attempt of the lineage (a fresh start, each restart after a failure or
+a resumed sweep, PBT's start from a donor's checkpoint), of the state that attempt was about to
+train from, read from the LIVE model and optimizer after they were built and restored, before
+the first step (`EpochReporter.record_start`): {"epoch": the restored checkpoint's epoch, -1 for
+a fresh start; "source": that checkpoint's path, None for a fresh start; and the backend's
+evidence: "weights_sha256", "optimizer_sha256" (torch, tensorflow), "rounds", "trees_sha256",
+"early_stopping" (xgboost)}. It lets a test check, against the checkpoint files, that a restore
+really put the saved weights and optimizer state back (digests: `sha256_of`).
 
 Local copies (the checkpoint being reported, the one restored from) are `owned_tempdir`s in
 the node's temp dir: a worker that Ray kills (Tune stopping a trial while rank 0 waits in
@@ -13,6 +22,7 @@ upload, so the window for such a leftover is the save and upload alone.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,7 +32,8 @@ from typing import Callable, Iterable, Iterator
 
 from rayline.workspace import owned_tempdir, sweep_orphans
 
-__all__ = ["with_last", "Throughput", "TRAINING_STATS", "EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays"]
+__all__ = ["with_last", "Throughput", "TRAINING_STATS", "EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays",
+           "sha256_of"]
 
 STATE_FILE = "rayline_state.json"
 MODEL_DIR = "model"
@@ -80,6 +91,14 @@ def shard_arrays(shard, num_features: int, label_dtype):
     return np.concatenate(features), np.concatenate(labels)
 
 
+def sha256_of(chunks: Iterable[bytes]) -> str:
+    """The hex sha256 of `chunks` concatenated (a `starts` record's digests)."""
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
 def read_state(checkpoint_dir: str) -> dict | None:
     """The state file of a checkpoint: a local directory, or one on the run's storage (s3://, gs://);
     None for a checkpoint being written, or not ours."""
@@ -103,7 +122,9 @@ class EpochReporter:
         self.world_size = context.get_world_size()
         self.history: list[dict] = []
         self.resumed_from: list[int] = []
+        self.starts: list[dict] = []
         self.start_epoch = 0
+        self._source: str | None = None
         self._restore_dir: str | None = None
         for prefix in (CKPT_PREFIX, RESTORE_PREFIX):
             sweep_orphans(tempfile.gettempdir(), prefix)
@@ -117,12 +138,19 @@ class EpochReporter:
             state = read_state(local) or {}
             self.history = state.get("history", [])
             self.resumed_from = state.get("resumed_from", []) + [state.get("epoch", -1)]
+            self.starts = list(state.get("starts", []))
             self.start_epoch = state.get("epoch", -1) + 1
+            self._source = checkpoint.path
 
     @property
     def restore_model_dir(self) -> str | None:
         """The model directory to resume from, or None on a fresh start."""
         return os.path.join(self._restore_dir, MODEL_DIR) if self._restore_dir else None
+
+    def record_start(self, evidence: dict) -> None:
+        """Record the state this attempt trains from (see the module doc): call once the model and
+        optimizer are built and restored, before the first step, with digests of the live objects."""
+        self.starts.append({"epoch": self.start_epoch - 1, "source": self._source, **evidence})
 
     def report(self, epoch: int, metrics: dict, save_model: Callable[[str], None], stats: dict | None = None) -> None:
         """Report `metrics` for `epoch` with a checkpoint made by `save_model(dir)` on rank 0;
@@ -138,7 +166,8 @@ class EpochReporter:
         tmp = owned_tempdir(tempfile.gettempdir(), CKPT_PREFIX)
         try:
             save_model(os.path.join(tmp, MODEL_DIR))
-            state = {"epoch": epoch, "metrics": row, "history": self.history, "resumed_from": self.resumed_from}
+            state = {"epoch": epoch, "metrics": row, "history": self.history, "resumed_from": self.resumed_from,
+                     "starts": self.starts}
             with open(os.path.join(tmp, STATE_FILE), "w") as fh:
                 json.dump(state, fh)
             # Deleted by Ray once uploaded, before report waits for the controller to take the

@@ -40,6 +40,9 @@ class TrainResult:
     resumed_from: list[int]  # epochs whose checkpoint training resumed from after a failure
     run_dir: str
     overrides: dict = field(default_factory=dict)
+    # The state each attempt of the latest checkpoint's lineage started from (rayline/train/loop.py):
+    # epoch, source checkpoint and digests of the live weights and optimizer state.
+    starts: list[dict] = field(default_factory=list)
 
 
 def loop_config(spec: PipelineSpec, data, plan: ResourcePlan, search_paths: list[str]) -> dict:
@@ -237,6 +240,7 @@ def locate_best(run_dir: str, metric: str, mode: str) -> TrainResult:
         history=latest["history"],
         resumed_from=latest["resumed_from"],
         run_dir=run_dir,
+        starts=latest.get("starts", []),
     )
 
 

@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict, build_from_arch
-from rayline.train.loop import EpochReporter, Throughput, shard_arrays, with_last
+from rayline.train.loop import EpochReporter, Throughput, sha256_of, shard_arrays, with_last
 from rayline.train.metrics import compute_metrics, softmax
 from rayline.train.tf_steps import TfSteps, make_strategy
 
@@ -167,6 +167,14 @@ class TensorflowBackend(Backend):
                 if len(values) == len(variables) and all(v.shape == tuple(a.shape) for v, a in zip(variables, values)):
                     for var, value in zip(variables, values):
                         var.assign(value)
+        # What this attempt trains from, read from the live variables (every rank reads: reads can be
+        # collectives): the weights in model.get_weights() order, the optimizer's variables (iterations
+        # first) in their order; as weights.npz and optimizer.npz hold them.
+        reporter.record_start({
+            "weights_sha256": sha256_of(np.ascontiguousarray(w).tobytes() for w in model.get_weights()),
+            "optimizer_sha256": sha256_of(np.ascontiguousarray(np.asarray(v.numpy())).tobytes()
+                                          for v in optimizer.variables),
+        })
         probabilities = classification and _emits_probabilities(model)
         label_dtype = np.int64 if classification else np.float32
         steps = TfSteps(strategy, model, optimizer, world_size=reporter.world_size, num_features=num_features,

@@ -9,11 +9,11 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict, build_from_arch
-from rayline.train.loop import EpochReporter, Throughput, shard_arrays, with_last
+from rayline.train.loop import EpochReporter, Throughput, sha256_of, shard_arrays, with_last
 from rayline.train.metrics import compute_metrics, softmax
 from rayline.train.torch_steps import TorchSteps, register_compression
 
-__all__ = ["TorchBackend", "BACKEND", "build_mlp", "restore_hyperparameters"]
+__all__ = ["TorchBackend", "BACKEND", "build_mlp", "restore_hyperparameters", "state_digests"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,24 @@ def _optimizer(params, spec: dict):
         return torch.optim.SGD(params, lr=spec["lr"], momentum=spec["momentum"], weight_decay=spec["weight_decay"])
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
     return cls(params, lr=spec["lr"], weight_decay=spec["weight_decay"])
+
+
+def _bytes(value) -> bytes:
+    """A state value's raw bytes: a tensor's elements (on the CPU, in order), anything else its repr."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return repr(value).encode()
+
+
+def state_digests(weights: dict, optimizer_state: dict) -> dict:
+    """A `starts` record's evidence (rayline/train/loop.py): sha256 of the weights (the state
+    dict's tensors by sorted key) and of the optimizer state (`optimizer_state["state"]`, by
+    sorted parameter key, then sorted name: exp_avg, exp_avg_sq, step, momentum_buffer...)."""
+    state = optimizer_state.get("state", {})
+    return {"weights_sha256": sha256_of(_bytes(weights[k]) for k in sorted(weights)),
+            "optimizer_sha256": sha256_of(_bytes(state[k][n]) for k in sorted(state, key=str) for n in sorted(state[k]))}
 
 
 def restore_hyperparameters(optimizer) -> None:
@@ -104,6 +122,13 @@ class TorchBackend(Backend):
                     log.warning("rayline: the checkpoint's optimizer state does not fit (%s); the optimizer starts afresh", exc)
             model = ray.train.torch.prepare_model(model)
             register_compression(model, config.get("grad_compression"))
+        # What this attempt trains from, read from the live model and optimizer (sharded: gathered,
+        # a collective every rank joins; rank 0 holds the full state and writes the record).
+        if sharded:
+            reporter.record_start(state_digests(*torch_fsdp.full_state(model, optimizer)))
+        else:
+            reporter.record_start(state_digests((model.module if hasattr(model, "module") else model).state_dict(),
+                                                optimizer.state_dict()))
         loss_fn = torch.nn.CrossEntropyLoss() if classification else torch.nn.MSELoss()
         label_dtype = torch.long if classification else torch.float32
         train_shard = ray.train.get_dataset_shard("train")

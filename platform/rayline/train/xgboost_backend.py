@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict
-from rayline.train.loop import EpochReporter, Throughput, shard_arrays
+from rayline.train.loop import EpochReporter, Throughput, sha256_of, shard_arrays
 from rayline.train.metrics import compute_metrics
 
 __all__ = ["XGBoostBackend", "BACKEND", "objective_params"]
@@ -129,6 +129,17 @@ class XGBoostBackend(Backend):
 
         class _ReportCallback(xgb.callback.TrainingCallback):
             """Evaluate "valid" with rayline's metrics, report, checkpoint, and stop early."""
+
+            def before_training(self, model):
+                # What this attempt trains from, read from the booster xgb.train boosts on (its copy
+                # of the restored one): its rounds and trees (the JSON dump, tree by tree), and the
+                # early-stopping state it continues.
+                reporter.record_start({
+                    "rounds": model.num_boosted_rounds(),
+                    "trees_sha256": sha256_of(tree.encode() for tree in model.get_dump(dump_format="json")),
+                    "early_stopping": {"best_score": state["best_score"], "best_round": state["best_round"]},
+                })
+                return model
 
             def after_iteration(self, model, epoch, evals_log) -> bool:
                 rnd = model.num_boosted_rounds() - 1  # absolute round index, also after resume
