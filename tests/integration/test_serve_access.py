@@ -1,8 +1,9 @@
 """API keys, per-model Prometheus metrics and `rayline serve status` on real Serve endpoints.
 
-The registered digits model (session fixture) is deployed twice more, as Serve applications
-of their own: one with keys from a file, one with keys from an environment variable that
-the replicas inherit from the Ray session (set before ray.init in conftest.py).
+Keys from a file: the registered digits model (session fixture) deployed once more as a Serve
+application of its own. Keys from an environment variable (set before ray.init in conftest.py,
+so the replicas inherit it): a tiny iris pipeline whose spec says `serve.auth.api_keys_env`, run
+by the real runner (spec logged to MLflow, version registered, deployed behind its router).
 """
 
 import json
@@ -15,10 +16,13 @@ from collections import Counter
 
 import httpx
 import pytest
+import yaml
 
-from .conftest import PORT, ROOT
+from .conftest import PORT, ROOT, run
 
-FILE_APP, ENV_APP = "digits-keyfile", "digits-keyenv"
+FILE_APP = "digits-keyfile"
+ENV_VAR = "RAYLINE_TEST_API_KEYS"  # set in conftest.py's ray_session, before ray.init
+KEYED = "keyed-iris"  # the pipeline whose spec names ENV_VAR
 KEY = "file-key-" + secrets.token_urlsafe(24)
 OTHER_KEY = "file-key-" + secrets.token_urlsafe(24)
 WRONG_KEY = "file-key-" + secrets.token_urlsafe(24)
@@ -76,42 +80,179 @@ def test_keys_guard_every_route_but_health(keyfile_app, instance):
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
 
-def test_the_key_is_written_nowhere(keyfile_app):
+@pytest.fixture(scope="module")
+def keyed_run(ray_session, ws, tmp_path_factory):
+    """`rayline run` (the runner, in this process) of a 1-epoch iris spec with
+    `serve.auth.api_keys_env`: it logs the spec to MLflow, writes its run record, registers the
+    version and deploys it (version app, router, the routers' table in Ray's KV) while the key is
+    in the driver's and the replicas' environment. The runner's log records are kept."""
+    import logging
+
+    folder = tmp_path_factory.mktemp("keyed")
+    raw = {"name": KEYED, "data": {"source": {"format": "sklearn", "name": "iris"}, "label": "target"},
+           "model": {"framework": "torch", "kind": "mlp", "params": {"hidden_sizes": [8]}},
+           "train": {"workers": 1, "epochs": 1, "batch_size": 32},
+           "serve": {"replicas": {"min": 1, "max": 1}, "auth": {"api_keys_env": ENV_VAR}}}
+    path = folder / "keyed-iris.yaml"
+    path.write_text(yaml.safe_dump(raw))
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(self.format(record))
+
+    from rayline.spec import load_spec
+
+    # Every record that reaches the root logger (rayline's own down to DEBUG; the rest at their levels).
+    keep, root, ours = Keep(), logging.getLogger(), logging.getLogger("rayline")
+    level = ours.level
+    root.addHandler(keep)
+    ours.setLevel(logging.DEBUG)
+    try:
+        summary = run(load_spec(path), ws, spec_path=str(path))
+    finally:
+        root.removeHandler(keep)
+        ours.setLevel(level)
+    summary.log_lines = keep.lines
+    return summary
+
+
+@pytest.fixture(scope="module")
+def key_traffic(keyfile_app, keyed_run, instance):
+    """Requests carrying every key (and wrong ones) to both apps, answered, failed and refused:
+    each path a key travels through the proxy, the router, the replicas and their error handling."""
+    env_key = os.environ[ENV_VAR]
+    wrong_env_key = "env-key-" + secrets.token_urlsafe(24)
+    body = {"instances": [instance]}
+    first = next(iter(instance))
+    for key, code in ((KEY, 200), (OTHER_KEY, 200), (WRONG_KEY, 401)):
+        r = _send("POST", f"{keyfile_app}/predict", "predict", json=body, headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == code, r.text
+        rows_answered[0] += 1 if code == 200 else 0
+        r = _send("POST", f"{keyfile_app}/predict", "predict", json={"instances": [{**instance, first: "not a number"}]},
+                  headers={"Authorization": f"Bearer {key}"})  # a 422 (or 401) with a key: the error paths
+        assert r.status_code == (422 if code == 200 else 401), r.text
+    iris = {"sepal length (cm)": 5.1, "sepal width (cm)": 3.5, "petal length (cm)": 1.4, "petal width (cm)": 0.2}
+    url = keyed_run.endpoint
+    for target in (url, f"{url}/v/{keyed_run.version}"):  # through the router, and to the version directly
+        r = httpx.post(f"{target}/predict", json={"instances": [iris]}, headers={"Authorization": f"Bearer {env_key}"}, timeout=60)
+        assert r.status_code == 200, r.text
+        r = httpx.post(f"{target}/predict", json={"instances": [{**iris, "sepal width (cm)": "not a number"}]},
+                       headers={"Authorization": f"Bearer {env_key}"}, timeout=60)
+        assert r.status_code == 422, r.text
+        r = httpx.post(f"{target}/predict", json={"instances": [iris]}, headers={"Authorization": f"Bearer {wrong_env_key}"},
+                       timeout=60)
+        assert r.status_code == 401 and wrong_env_key not in r.text, r.text
+    return {"file key": KEY, "other file key": OTHER_KEY, "wrong file key": WRONG_KEY,
+            "environment key": env_key, "wrong environment key": wrong_env_key}
+
+
+def _files_text(folder) -> str:
+    """Every readable file under `folder`, as one text (sockets and vanished files skipped; bytes
+    read as latin-1, so a key's ASCII is found in binary files too: MLflow's SQLite store)."""
+    import stat
+
+    parts = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                if not stat.S_ISREG(os.stat(path).st_mode):
+                    continue
+                with open(path, "rb") as fh:
+                    parts.append(fh.read().decode("latin-1"))
+            except OSError:
+                continue
+    return "\n".join(parts)
+
+
+def _mlflow_text(ws, name: str) -> str:
+    """What MLflow holds about model `name`: registered-model and version tags and aliases, and of its
+    pipeline run the params, tags and every artifact (the registered model directory with its spec)."""
+    import tempfile
+
+    from rayline.registry import Registry
+
+    client = Registry(ws).client
+    model = client.get_registered_model(name)
+    parts = [json.dumps(model.tags), json.dumps(getattr(model, "aliases", {}))]
+    for mv in client.search_model_versions(f"name='{name}'"):
+        run_ = client.get_run(mv.run_id)
+        parts += [json.dumps(mv.tags), mv.source, json.dumps(run_.data.params), json.dumps(run_.data.tags)]
+        with tempfile.TemporaryDirectory() as tmp:
+            parts.append(_files_text(client.download_artifacts(mv.run_id, "", tmp)))
+    return "\n".join(parts)
+
+
+def _metrics_text() -> str:
+    import ray
+
+    return "\n".join(httpx.get(f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics", timeout=10).text
+                     for n in ray.nodes() if n.get("Alive"))
+
+
+def _kv_text() -> str:
+    """rayline's entries in Ray's internal KV: the routers' tables (with each route's serve settings) and gates."""
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+
+    from rayline.serve.router import KV_NAMESPACE
+
+    keys = _internal_kv_list(b"", namespace=KV_NAMESPACE)
+    return "\n".join(k.decode() + " " + (_internal_kv_get(k, namespace=KV_NAMESPACE) or b"").decode("latin-1") for k in keys)
+
+
+def test_the_key_is_written_nowhere(key_traffic, keyed_run, ws, tmp_path):
+    """No key — from the file, from the environment, nor a wrong one a caller sent — in Ray's
+    session directory (every log), the workspace (MLflow's store and artifacts, run records,
+    caches), MLflow's registry as its API shows it, the runner's log records and stage events,
+    Serve's status and details, Ray's KV, the Prometheus export or `rayline serve status`.
+    Each place is first shown to hold what it should (the apps, the variable's name), so an
+    empty or wrong place cannot pass."""
     import ray
     from ray import serve
     from ray.serve.context import _get_global_client
 
-    status = repr(serve.status())
-    details = json.dumps(_get_global_client().get_serve_details(), default=str)  # what `serve status`/`serve config`/the dashboard show
-    assert FILE_APP in details and FILE_APP in status  # the app is there; its key is not
-    logs_dir = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs")
-    leaked = []
-    for root, _, files in os.walk(logs_dir):
-        for name in files:
-            try:
-                with open(os.path.join(root, name), "rb") as fh:
-                    content = fh.read()
-            except OSError:
-                continue
-            if KEY.encode() in content or OTHER_KEY.encode() in content:
-                leaked.append(name)
-    for text in (status, details):
-        assert KEY not in text and OTHER_KEY not in text
-    assert leaked == []
+    # Ray exports metrics every 10 s: wait until the keyed version's requests are in the export.
+    deadline = time.monotonic() + 60
+    version_app = f"{KEYED}-v{keyed_run.version}"
+    while not any(k[0] == "ray_rayline_requests_total" for k in _exported(version_app)) and time.monotonic() < deadline:
+        time.sleep(2)
+    address = ray.get_runtime_context().gcs_address
+    # Every application, with its rollout (the routers' table) and its counts from the metrics export.
+    cli = [_cli("--address", address, "-w", str(tmp_path), *out) for out in ((), ("-o", "json"))]
+    assert all(p.returncode == 0 for p in cli), [p.stderr for p in cli]
+    places = {
+        "Ray's session directory (logs)": (_files_text(ray._private.worker._global_node.get_session_dir_path()),
+                                           [FILE_APP, KEYED]),
+        "the workspace (MLflow store, artifacts, run records)": (_files_text(ws.root), [KEYED, ENV_VAR]),
+        "MLflow's registry": (_mlflow_text(ws, KEYED), [ENV_VAR, "api_keys_env", "champion"]),
+        "the runner's log records and stage events": ("\n".join(keyed_run.log_lines + [repr(e) for e in keyed_run.events]),
+                                                      [KEYED]),
+        "serve.status()": (repr(serve.status()), [FILE_APP, KEYED]),
+        "Serve's details": (json.dumps(_get_global_client().get_serve_details(), default=str), [FILE_APP, KEYED]),
+        "Ray's KV": (_kv_text(), [KEYED, ENV_VAR]),
+        "the Prometheus export": (_metrics_text(), [FILE_APP, KEYED]),
+        "rayline serve status": ("\n".join(p.stdout + p.stderr for p in cli), [FILE_APP, KEYED]),
+    }
+    missing = {place: [e for e in expected if e not in text] for place, (text, expected) in places.items()}
+    assert not any(missing.values()), f"not where it should be: {missing}"
+    leaks = [f"{what} in {place}" for place, (text, _) in places.items() for what, key in key_traffic.items() if key in text]
+    assert not leaks, f"a key was written: {'; '.join(leaks)}"
 
 
-def test_keys_from_the_ray_nodes_environment(digits, ws, instance):
+def test_keys_from_the_ray_nodes_environment(keyed_run):
     """The variable was set before ray.init (as a user sets it before `rayline run`): the
     replica inherits it, and it is nowhere in the deployment's arguments."""
-    url = _deploy(digits, ws, ENV_APP, {"api_keys_env": "RAYLINE_TEST_API_KEYS"})
-    key = os.environ["RAYLINE_TEST_API_KEYS"]
-    body = {"instances": [instance]}
-    assert httpx.post(f"{url}/predict", json=body, timeout=60).status_code == 401
-    r = httpx.post(f"{url}/predict", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
-    assert r.status_code == 200, r.text
-    from ray import serve
-
-    serve.delete(ENV_APP)
+    key = os.environ[ENV_VAR]
+    iris = {"sepal length (cm)": 6.7, "sepal width (cm)": 3.0, "petal length (cm)": 5.2, "petal width (cm)": 2.3}
+    for url in (keyed_run.endpoint, f"{keyed_run.endpoint}/v/{keyed_run.version}"):
+        assert httpx.post(f"{url}/predict", json={"instances": [iris]}, timeout=60).status_code == 401
+        r = httpx.post(f"{url}/predict", json={"instances": [iris]}, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["predictions"]) == 1, r.text
+        assert httpx.get(f"{url}/health", timeout=60).status_code == 200
 
 
 def test_missing_keys_fail_the_deployment_naming_the_variable(ws):
@@ -155,7 +296,9 @@ def _exported(app):
     return found
 
 
-def test_metrics_per_model_and_version_match_what_was_sent(keyfile_app, digits):
+def test_metrics_per_model_and_version_match_what_was_sent(keyfile_app, key_traffic, digits):
+    # key_traffic: answered (200), refused (401) and invalid (422) requests, whatever ran before.
+    assert {c for _, c in sent} >= {200, 401, 422}, sent
     v = digits.version
     want = {("ray_rayline_requests_total", "digits", v, e, str(c)): n for (e, c), n in sent.items()}
     want.update({("ray_rayline_errors_total", "digits", v, e, str(c)): n for (e, c), n in sent.items() if c >= 400})
@@ -177,7 +320,7 @@ def test_metrics_per_model_and_version_match_what_was_sent(keyfile_app, digits):
     assert found.get(("ray_rayline_batch_size_count", "digits", v, None, None), 0) == sent.get(("predict", 200), 0)
 
 
-def test_serve_status_in_process(keyfile_app, digits):
+def test_serve_status_in_process(keyfile_app, key_traffic, digits):
     from rayline.errors import ServeError
     from rayline.serve.status import gather_status
 
