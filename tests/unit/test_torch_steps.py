@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # declared in pyproject.toml: a broken install fails, not skips
 
 from rayline.train.loop import with_last  # noqa: E402
 from rayline.train.torch_steps import TorchSteps  # noqa: E402
@@ -177,7 +177,14 @@ def _ddp_runs(rank: int, port: int, results):
         fresh_model = torch_fsdp.shard(_model(), torch.device("cpu"), 2)
         fresh = torch.optim.Adam(fresh_model.parameters(), lr=0.01)
         out["fsdp_optimizer_restored"] = torch_fsdp.load_optimizer_state(fresh_model, fresh, saved)
-        out["fsdp_optimizer_steps"] = sorted(int(v["step"]) for v in fresh.state.values())
+        # What the fresh sharded optimizer now holds, gathered (a collective: full on rank 0), beside
+        # what was saved: compared value for value in the test.
+        _, restored = torch_fsdp.full_state(fresh_model, fresh)
+
+        def values(state):
+            return {key: {name: value.tolist() for name, value in entry.items()} for key, entry in state["state"].items()}
+
+        out["fsdp_optimizer_state"] = {"saved": values(saved), "restored": values(restored)} if rank == 0 else None
         results.put((rank, out))
     finally:
         dist.destroy_process_group()
@@ -248,10 +255,23 @@ def test_ddp_accumulation_all_reduces_once_per_step_and_matches_the_big_batch(dd
     assert got[0]["fsdp"]["steps"] == 1
     for a, b in zip(got[0]["fsdp"]["params"], got[0]["accumulated"]["params"]):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
-    assert all(got[r]["fsdp_optimizer_restored"] and got[r]["fsdp_optimizer_steps"] for r in (0, 1))
     # The ranks agree: the all-reduced update is the same everywhere.
     for a, b in zip(got[0]["accumulated"]["params"], got[1]["accumulated"]["params"]):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b))
+
+
+def test_fsdp_optimizer_state_is_restored_exactly_from_a_checkpoint(ddp_results):
+    """The full Adam state gathered from a trained sharded optimizer (what a checkpoint holds), loaded by
+    torch_fsdp.load_optimizer_state into a fresh sharded optimizer, gathers back value for value."""
+    assert all(ddp_results[r]["fsdp_optimizer_restored"] for r in (0, 1))
+    state = ddp_results[0]["fsdp_optimizer_state"]
+    saved, restored = state["saved"], state["restored"]
+    # Every parameter's Adam state, after 4 steps: not a fresh optimizer's.
+    assert sorted(saved) == sorted(_model().state_dict()), sorted(saved)
+    assert all(entry["step"] == 4.0 and set(entry) == {"step", "exp_avg", "exp_avg_sq"} for entry in saved.values()), saved
+    assert all(any(v != 0 for v in torch.tensor(entry["exp_avg"]).flatten().tolist()) for entry in saved.values())
+    # Exactly (float32 values sent as Python floats: exact), not approximately.
+    assert restored == saved
 
 
 def test_compressed_all_reduce_trains_close_to_plain_ddp(ddp_results):
