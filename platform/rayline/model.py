@@ -6,6 +6,8 @@ An artifact directory holds everything serving needs and nothing it has to recom
     preprocessing.json   fitted preprocessing + feature schema + label classes
     rayline.json         name, framework, task, versions, metrics, data fingerprint
     spec.yaml            the resolved spec that produced it
+    rayline_probe.json   the outputs the model being trained gave on the probe rows of the test
+                         split (rayline/train/probe.py); absent in checkpoints older than it
 
 `Predictor` is what `rayline.load_model` returns and what every Serve replica runs, so
 offline and online predictions are the same code on the same state.
@@ -49,6 +51,10 @@ def write_artifact(dest: str, *, checkpoint_dir: str, preprocessing: FittedPrepr
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".artifact-", dir=parent)
     shutil.copytree(os.path.join(checkpoint_dir, MODEL_DIR), os.path.join(tmp, WEIGHTS_DIR))
+    from rayline.train.probe import PROBE_FILE
+
+    if os.path.isfile(os.path.join(checkpoint_dir, PROBE_FILE)):  # the training-time probe (rayline/train/probe.py)
+        shutil.copyfile(os.path.join(checkpoint_dir, PROBE_FILE), os.path.join(tmp, PROBE_FILE))
     preprocessing.save(os.path.join(tmp, PREPROCESSING_FILE))
     meta = {
         "name": spec.name,

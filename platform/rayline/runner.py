@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rayline.errors import InterruptedRun, RaylineError, SpecError
+from rayline.errors import InterruptedRun, RaylineError, SpecError, TrainingError
 from rayline.event_files import mean_throughput
 from rayline.spec import PipelineSpec
 from rayline.train.loop import TRAINING_STATS
@@ -400,7 +400,10 @@ def run_pipeline(
                 fingerprint=data.fingerprint,
                 versions=load_backend(winning_spec.model.framework).versions(),
             )
-            test_metrics = Predictor(artifact).evaluate(data.test_frame)
+            predictor = Predictor(artifact)
+            _check_probe(predictor, data)  # training/serving skew fails the run here, before registering
+            # Offline, through the serving Predictor: the same code as the endpoint's answers.
+            test_metrics = predictor.evaluate(data.test_frame)
             _add_test_metrics(artifact, test_metrics)
             mv = registry.register(
                 run_id, spec.name, artifact,
@@ -498,6 +501,21 @@ def _technique_text(spec: PipelineSpec) -> str:
     if train.grad_compression.name != "none":
         parts.append(f"{train.grad_compression} gradient compression")
     return "".join(f", {p}" for p in parts)
+
+
+def _check_probe(predictor, data) -> None:
+    """The artifact, loaded as a Serve replica loads it, must reproduce on the raw probe rows the
+    outputs the model being trained gave at its checkpoint (rayline/train/probe.py)."""
+    from rayline.model import artifact_root
+    from rayline.train.probe import check_probe, read_probe
+
+    record = read_probe(artifact_root(predictor.model_dir))
+    if record is None or getattr(data, "probe_frame", None) is None:
+        return  # a checkpoint from before the probe (a resumed older run)
+    outputs = predictor.infer(predictor.preprocessing.transform(data.probe_frame))
+    problem = check_probe(record, outputs, f"register: model {predictor.name}")
+    if problem:
+        raise TrainingError(problem)
 
 
 def _add_test_metrics(artifact: str, test_metrics: dict) -> None:

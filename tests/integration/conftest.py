@@ -180,15 +180,46 @@ def deploy_registered(app_name, summary, ws, route=None, **settings):
 
 
 def ensure_served(summary, ws, **settings):
-    """The pipeline's own endpoint, redeployed (same version, name and route) when an earlier
-    module's teardown deleted it (`free_serve_apps_after_module`): tests must not depend on order."""
+    """The pipeline's own endpoint as `rayline run` deployed it: the model's router at its route and
+    version N's application at ROUTE/v/N, started by rayline.serve.versions.deploy (the function
+    `rayline run` calls), so tests cross the deployed route, never a stand-in. Redeployed that way
+    (same version, name and route) when an earlier module's teardown deleted it
+    (`free_serve_apps_after_module`), or when another version answers the route: tests must not
+    depend on order. `settings`: the serve spec's keys (replicas, ...)."""
+    from urllib.parse import urlparse
+
     import httpx
 
+    from rayline.serve import versions
+    from rayline.spec import ServeSpec
+
     try:
-        if httpx.get(f"{summary.endpoint}/health", timeout=10).status_code == 200:
+        meta = httpx.get(f"{summary.endpoint}/metadata", timeout=10)
+        if meta.status_code == 200 and meta.json().get("version") == str(summary.version):
             return summary.endpoint
     except httpx.HTTPError:
         pass
-    url = deploy_registered(summary.name, summary, ws, **settings)
-    assert url == summary.endpoint, (url, summary.endpoint)
-    return url
+    route = urlparse(summary.endpoint).path
+    rollout = versions.deploy(summary.name, summary.version, ws=ws, serve_spec=ServeSpec(route=route, **settings),
+                              port=PORT)
+    assert rollout.url == summary.endpoint and rollout.champion == str(summary.version), (rollout, summary.endpoint)
+    _wait_answering(rollout.url, str(summary.version))
+    return rollout.url
+
+
+def _wait_answering(url, version, timeout_s=90):
+    """Until the route answers /health and its /metadata names `version`."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if (httpx.get(f"{url}/health", timeout=5).status_code == 200
+                    and httpx.get(f"{url}/metadata", timeout=5).json().get("version") == version):
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer as version {version} within {timeout_s} s")

@@ -6,6 +6,7 @@ import sys
 
 import httpx
 import numpy as np
+import pandas.testing as pd_testing
 import pytest
 
 from .conftest import PORT, ROOT, ensure_served
@@ -18,15 +19,16 @@ def served(digits, ws):
 
 @pytest.fixture(scope="module")
 def test_split(digits, ws):
-    """The raw rows of the pipeline's test split, as the registered model saw them."""
+    """The raw rows of the pipeline's test split and its probe rows (the first ones, which the
+    training loop predicted at every checkpoint), as the registered model saw them."""
     from rayline import load_model
     from rayline.data import prepare_data
     from rayline.spec import load_spec
 
     spec = load_spec(ROOT / "pipelines" / "digits-torch.yaml")
-    frame = prepare_data(spec).test_frame  # deterministic split: the same rows as in training
+    data = prepare_data(spec)  # deterministic split: the same rows as in training
     model = load_model("digits", digits.version, workspace=str(ws.root))
-    return frame, model
+    return data.test_frame, model, data.probe_frame
 
 
 def test_sweep_ran_trials_and_registered_the_winner(digits, ws):
@@ -48,26 +50,75 @@ def test_sweep_ran_trials_and_registered_the_winner(digits, ws):
     assert len(history) >= 1 and sorted(m.step for m in history) == list(range(len(history)))
 
 
-def test_http_predictions_reach_test_accuracy(digits, test_split):
-    frame, model = test_split
+def _winner(digits):
+    """The sweep's winning trial's result (its best checkpoint is the registered version's)."""
+    (winner,) = [t.result for t in digits.trials if t.result is not None and t.result.metrics is digits.valid_metrics]
+    return winner
+
+
+def test_http_predictions_equal_the_predictions_made_while_training(digits, ws, test_split):
+    """Offline == online with an offline side that shares no code with serving: the outputs the
+    training loop's live model (torch, in the Train worker) gave on the probe rows of the test split
+    at the winning checkpoint, against what the route `rayline run` deployed answers for the same
+    raw rows over HTTP: the same classes exactly, the same probabilities to float tolerance."""
+    from rayline.model import artifact_root
+    from rayline.registry import Registry
+    from rayline.data.pipeline import PROBE_ROWS
+    from rayline.train.probe import read_probe
+
+    frame, model, probe_frame = test_split
+    # The probe is the first rows of the test split, in split order (bounded: PROBE_ROWS).
+    assert len(probe_frame) == min(PROBE_ROWS, len(frame)) > 0
+    pd_testing.assert_frame_equal(probe_frame.reset_index(drop=True), frame.head(len(probe_frame)).reset_index(drop=True))
+    recorded = read_probe(_winner(digits).checkpoint_dir)  # written by the Train worker's rank 0
+    assert recorded is not None and recorded["rows"] == len(probe_frame) and recorded["precision"] == "fp32"
+    registry = Registry(ws)
+    artifact = artifact_root(registry.download(registry.resolve("digits", digits.version)))
+    assert read_probe(artifact) == recorded  # the registered artifact carries them
+
+    features = [f.name for f in model.preprocessing.features]
+    rows = json.loads(probe_frame[features].to_json(orient="records"))  # raw rows, as a client sends them
+    response = httpx.post(f"{digits.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "digits" and body["version"] == digits.version
+    # Digits' classes are the integers 0..9 (sorted): class id i is the digit i.
+    assert body["predictions"] == recorded["class_ids"]
+    online = np.array([[p[str(digit)] for digit in range(10)] for p in body["probabilities"]])
+    np.testing.assert_allclose(online, np.array(recorded["outputs"]), rtol=1e-4, atol=1e-6)
+    # And the model being trained was a model of these rows' labels (the id -> digit reading holds).
+    assert np.mean(np.array(recorded["class_ids"]) == probe_frame["target"].to_numpy()) > 0.8
+
+
+def test_http_predictions_give_exactly_the_recorded_test_accuracy(digits, ws, test_split):
+    """HTTP predictions on the whole test split score exactly the test accuracy registered with the
+    version. That figure is computed at registration by the serving Predictor (runner.py:
+    `Predictor(artifact).evaluate(data.test_frame)`), so this pins the route to the offline
+    Predictor on every test row; the check against training itself is the probe test above."""
+    frame, model, _ = test_split
     features = [f.name for f in model.preprocessing.features]
     rows = frame[features].to_dict(orient="records")
     response = httpx.post(f"{digits.endpoint}/predict", json={"instances": rows}, timeout=60)
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["model"] == "digits" and body["version"] == digits.version
-    accuracy = np.mean(np.array(body["predictions"]) == frame["target"].to_numpy())
-    assert accuracy >= 0.9, accuracy
+    accuracy = float(np.mean(np.array(body["predictions"]) == frame["target"].to_numpy()))
+    assert accuracy == digits.test_metrics["accuracy"]
+    from rayline.registry import Registry
+
+    assert accuracy == Registry(ws).resolve("digits", digits.version).metrics["test_accuracy"]
 
 
 def test_offline_and_online_predictions_are_identical(digits, test_split):
-    """HTTP answers equal the model's outputs on the same rows put through the training path
-    (Ray Data tasks, pandas batches from Arrow), computed without any serving code."""
+    """The two input paths in front of the registered model agree: HTTP answers (JSON rows ->
+    the request encoder) equal the loaded model's outputs on the same rows put through the
+    training data path (Ray Data tasks, pandas batches from Arrow), and `load_model`'s predict.
+    Both sides load the model as serving does; training against serving is the probe test's."""
     import ray
 
     from rayline.data.pipeline import _ToTrainingBatch
 
-    frame, model = test_split
+    frame, model, _ = test_split
     features = [f.name for f in model.preprocessing.features]
     rows = frame[features].head(40).to_dict(orient="records")
     ds = ray.data.from_pandas(frame.head(40)).map_batches(_ToTrainingBatch(model.preprocessing), batch_format="pandas")

@@ -14,10 +14,23 @@ from .conftest import ROOT, run
 def _served_and_identical(summary, ws, spec):
     from rayline import load_model
     from rayline.data import prepare_data
+    from rayline.train.probe import read_probe
 
-    frame = prepare_data(spec).test_frame
+    data = prepare_data(spec)
+    frame = data.test_frame
     model = load_model(spec.name, summary.version, workspace=str(ws.root))
     rows = frame[[f.name for f in model.preprocessing.features]].to_dict(orient="records")
+    # Against training itself: the outputs the live model gave in the Train worker on the probe rows
+    # (the first rows of the test split; rayline/train/probe.py), and the route's answers for them.
+    (trained,) = [t.result for t in summary.trials]
+    recorded = read_probe(trained.checkpoint_dir)
+    classes = sorted(frame[spec.data.label].unique().tolist())  # class id i is the i-th smallest label
+    probe_rows = data.probe_frame[[f.name for f in model.preprocessing.features]].to_dict(orient="records")
+    served = httpx.post(f"{summary.endpoint}/predict", json={"instances": probe_rows, "probabilities": True}, timeout=120)
+    assert served.status_code == 200 and recorded["rows"] == len(probe_rows), served.text
+    assert served.json()["predictions"] == [classes[i] for i in recorded["class_ids"]]
+    np.testing.assert_allclose([[p[str(c)] for c in classes] for p in served.json()["probabilities"]],
+                               recorded["outputs"], rtol=1e-4, atol=1e-6)
     online = httpx.post(f"{summary.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=120)
     assert online.status_code == 200, online.text
     offline = model.predict(rows, probabilities=True)

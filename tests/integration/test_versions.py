@@ -10,10 +10,16 @@
 - `version: latest` is resolved once when the app is built: a restarted replica keeps serving
   the version the app was built with after a newer one is registered.
 
-Extra versions are registered from the digits fixture's own artifact (same model, new version
-numbers), so no second training is needed. Slow and failing versions are started with build_app's
-test-only `debug_infer_delay_s` (and a tiny `request_timeout_s` for 504s) before the rollout picks
-them up, as a team would find a regressed version: its app answers, badly.
+The rollout's canary is a genuinely different model with no second training: the digits
+fixture's sweep trained two trials (other hidden sizes and learning rate), and its losing trial's
+best checkpoint is registered as a new version. Which version answered a routed request is read
+from the answer itself: its probabilities equal those the model being trained recorded for the
+same raw rows (the probe rows of the test split, rayline/train/probe.py) for exactly one of the
+two, and the body names the version that computed them; never from the router's own header.
+The gate's extra versions are registered from the digits fixture's own artifact (same model, new
+version numbers): there the header is what is under test. Slow and failing versions are started
+with build_app's test-only `debug_infer_delay_s` (and a tiny `request_timeout_s` for 504s) before
+the rollout picks them up, as a team would find a regressed version: its app answers, badly.
 """
 
 import json
@@ -33,6 +39,61 @@ BASE = f"http://127.0.0.1:{PORT}"
 ROUTE = "/digits"
 URL = BASE + ROUTE
 CT = {"content-type": "application/json"}
+
+
+def _register_losing_trial(digits, ws):
+    """A new version of digits holding the sweep's losing trial's best checkpoint (its own weights and
+    architecture) with the registered version's preprocessing, logged under a run of its own."""
+    import shutil
+    import tempfile
+
+    from rayline.model import WEIGHTS_DIR, artifact_root
+    from rayline.registry import Registry
+    from rayline.train.loop import MODEL_DIR
+    from rayline.train.probe import PROBE_FILE
+
+    registry = Registry(ws)
+    client = registry.client
+    mv = client.get_model_version("digits", digits.version)
+    winner = registry.download(registry.resolve("digits", digits.version))
+    loser = _losing_trial(digits)
+    with tempfile.TemporaryDirectory(dir=ws.root) as tmp:
+        artifact = os.path.join(tmp, "model")
+        shutil.copytree(artifact_root(winner), artifact)
+        shutil.rmtree(os.path.join(artifact, WEIGHTS_DIR))
+        shutil.copytree(os.path.join(loser.checkpoint_dir, MODEL_DIR), os.path.join(artifact, WEIGHTS_DIR))
+        shutil.copyfile(os.path.join(loser.checkpoint_dir, PROBE_FILE), os.path.join(artifact, PROBE_FILE))
+        run = client.create_run(client.get_run(mv.run_id).info.experiment_id, run_name="losing-trial")
+        client.log_artifacts(run.info.run_id, artifact, artifact_path="model")
+        client.set_terminated(run.info.run_id)
+    tags = {k: v for k, v in mv.tags.items() if k != "rayline.pyfunc"}  # logged in the layout before pyfunc
+    return str(client.create_model_version("digits", f"{run.info.artifact_uri}/model", run.info.run_id, tags=tags).version)
+
+
+def _trial_results(digits):
+    return [t.result for t in digits.trials if t.result is not None]
+
+
+def _winning_trial(digits):
+    (winner,) = [r for r in _trial_results(digits) if r.metrics is digits.valid_metrics]
+    return winner
+
+
+def _losing_trial(digits):
+    (loser,) = [r for r in _trial_results(digits) if r.metrics is not digits.valid_metrics]
+    return loser
+
+
+def _answered_by(body, expected):
+    """The version whose training-time outputs a predict answer (with probabilities) reproduces;
+    "none" or "several" otherwise."""
+    import numpy as np
+
+    got = np.array([[p[str(digit)] for digit in range(10)] for p in body["probabilities"]])
+    hits = [v for v, outputs in expected.items()
+            if got.shape == outputs.shape and np.allclose(got, outputs, rtol=1e-4, atol=1e-6)
+            and body["predictions"] == outputs.argmax(axis=1).tolist()]
+    return hits[0] if len(hits) == 1 else ("none" if not hits else "several")
 
 
 def _register_copy(ws, name, version):
@@ -55,7 +116,7 @@ def setup(digits, ws):
     from sklearn.datasets import load_digits
 
     rows = [dict(zip(features, map(float, r))) for r in load_digits().data[:2]]
-    return {"v1": digits.version, "body": json.dumps({"instances": rows}).encode()}
+    return {"v1": digits.version, "body": json.dumps({"instances": rows}).encode(), "features": features}
 
 
 def _post(client, url, body):
@@ -127,14 +188,37 @@ def test_each_version_has_its_own_route_and_the_route_says_who_answered(setup):
 # ---------------------------------------------------------------- zero failed requests
 
 
-def test_canary_promote_rollback_under_load_fail_no_request(setup, ws):
+def test_canary_promote_rollback_under_load_fail_no_request(setup, digits, ws):
     """4 threads post continuously to ROUTE/predict while a canary is deployed, promoted and rolled
-    back; every response must be a 200 from the versions the stage allows."""
+    back; every response must be a 200 from the versions the stage allows. Version 2 is another
+    trained model (the sweep's losing trial); each answer is attributed by its predictions."""
+    import numpy as np
+
+    from rayline.data import prepare_data
     from rayline.registry import Registry
     from rayline.serve import versions
+    from rayline.spec import load_spec
+    from rayline.train.probe import read_probe
 
-    v1, body = setup["v1"], setup["body"]
-    v2 = _register_copy(ws, "digits", v1)
+    v1 = setup["v1"]
+    v2 = _register_losing_trial(digits, ws)
+    # What each model being trained answered for the probe rows (its checkpoint's record)...
+    expected_all = {v1: read_probe(_winning_trial(digits).checkpoint_dir),
+                    v2: read_probe(_losing_trial(digits).checkpoint_dir)}
+    expected_all = {v: np.array(r["outputs"]) for v, r in expected_all.items()}
+    # ... for these raw rows: the first of the test split. Rows where the two models' classes
+    # differ come first, so that the predictions alone tell them apart as well.
+    probe = prepare_data(load_spec(ROOT / "pipelines" / "digits-torch.yaml")).probe_frame
+    differ = np.flatnonzero(expected_all[v1].argmax(axis=1) != expected_all[v2].argmax(axis=1))
+    picked = (list(differ[:2]) + [i for i in range(len(probe)) if i not in differ[:2]])[:4]
+    assert len(differ) >= 1, "the two trials' models predict the same classes on every probe row"
+    expected = {v: outputs[picked] for v, outputs in expected_all.items()}
+    assert not np.allclose(expected[v1], expected[v2], rtol=1e-3)
+    rows = json.loads(probe.iloc[picked][setup["features"]].to_json(orient="records"))
+    body = json.dumps({"instances": rows, "probabilities": True}).encode()
+    answer = _post(httpx, f"{URL}/v/{v1}/predict", body).json()  # version 1's own route answers as it trained
+    assert answer["version"] == v1 and _answered_by(answer, expected) == v1, answer
+
     phase, stop, seen = ["champion"], threading.Event(), []
 
     def load():
@@ -143,7 +227,14 @@ def test_canary_promote_rollback_under_load_fail_no_request(setup, ws):
                 stage = phase[0]
                 try:
                     r = _post(c, f"{URL}/predict", body)
-                    seen.append((stage, r.status_code, r.headers.get("x-rayline-version")))
+                    if r.status_code != 200:
+                        seen.append((stage, r.status_code, None))
+                        continue
+                    answer = r.json()
+                    by_outputs = _answered_by(answer, expected)
+                    # The body's version is the replica's own; the two must agree.
+                    seen.append((stage, 200, by_outputs if answer["version"] == by_outputs else
+                                 f"body says {answer['version']}, outputs say {by_outputs}"))
                 except httpx.HTTPError as exc:
                     seen.append((stage, type(exc).__name__, None))
 
@@ -174,12 +265,17 @@ def test_canary_promote_rollback_under_load_fail_no_request(setup, ws):
     assert not failed, (len(failed), len(seen), by_stage)
     print(f"\nzero-failure rollout: {len(seen)} requests, all 200: {dict(by_stage)}")
     versions_in = {stage: {v for (_, v) in c} for stage, c in by_stage.items()}
-    assert versions_in["champion"] == {v1}
-    assert versions_in["canary"] == {v1, v2}
-    assert versions_in["promoted"] == {v2}
-    assert versions_in["rolled back"] == {v1}
+    assert versions_in["champion"] == {v1}, by_stage
+    assert versions_in["canary"] == {v1, v2}, by_stage
+    assert versions_in["promoted"] == {v2}, by_stage
+    assert versions_in["rolled back"] == {v1}, by_stage
+    for stage in ("during canary", "during promoted", "during rolled back"):
+        assert versions_in.get(stage, {v1}) <= {v1, v2}, by_stage  # mid-change: either, never an unknown answer
     assert aliases == {"canary": (v1, v2), "promoted": (v2, None), "rolled back": (v1, None)}
     assert sum(by_stage["canary"].values()) >= 20
+
+    answer = _post(httpx, f"{URL}/v/{v2}/predict", body).json()  # and version 2's, as it trained
+    assert answer["version"] == v2 and _answered_by(answer, expected) == v2, answer
 
     # v2 holds no traffic now: it can be retired; the champion cannot.
     _one_line_error(_cli("remove", "digits", "--version", v1, "-w", str(ws.root)), f"version {v1} is the champion")

@@ -21,7 +21,11 @@ from rayline.data.steps import value_key, value_rank
 from rayline.data.sources import fingerprint, read_dataset, unwrap_data_error
 from rayline.errors import DataError
 
-__all__ = ["PreparedData", "prepare_data", "prepare_variants", "to_training_batch"]
+__all__ = ["PreparedData", "prepare_data", "prepare_variants", "to_training_batch", "PROBE_ROWS"]
+
+# The probe (rayline/train/probe.py): this many raw rows of the test split, which the training loop
+# predicts at every checkpoint and registration checks the artifact against. Bounded on purpose.
+PROBE_ROWS = 256
 
 
 @dataclass
@@ -35,6 +39,11 @@ class PreparedData:
     preprocessing: FittedPreprocessing
     fingerprint: str
     rows: dict[str, int]
+    # The probe (rayline/train/probe.py): the first PROBE_ROWS raw rows of the test split (the
+    # valid split when there is none), in split order, and the same rows model-ready, transformed
+    # through Ray Data as the training data. Bounded, whatever the size of the data.
+    probe: object = None  # ray.data.Dataset, materialized, one block
+    probe_frame: pd.DataFrame | None = None
 
     @property
     def task(self) -> str:
@@ -117,12 +126,14 @@ def prepare_variants(spec, variants: list) -> list[PreparedData]:
         (valid_raw, train_raw), test_raw = parts, None
     features = [FeatureInfo(name=c, kind=kinds[c]) for c in names]
     test_frame = test_raw.to_pandas() if test_raw is not None else valid_raw.to_pandas()
+    probe_frame = (test_raw if test_raw is not None else valid_raw).limit(PROBE_ROWS).to_pandas()
     data_fingerprint = fingerprint(source)
     return [_preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_info, variant.data.preprocess,
-                          data_fingerprint) for variant in variants]
+                          data_fingerprint, probe_frame) for variant in variants]
 
 
-def _preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_info, steps, data_fingerprint) -> PreparedData:
+def _preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_info, steps, data_fingerprint,
+                  probe_frame=None) -> PreparedData:
     """Fit `steps` on the train split and turn every split into model-ready rows."""
     fitted = fit_preprocessing(train_raw, features, label_info, steps)
 
@@ -134,6 +145,8 @@ def _preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_in
     try:
         train, valid = convert(train_raw), convert(valid_raw)
         test = convert(test_raw) if test_raw is not None else None
+        # One block: one task transforms it, and the rows keep the probe frame's order.
+        probe = None if probe_frame is None else convert(_ray_data().from_pandas(probe_frame))
     except Exception as exc:  # surface our DataError from inside Ray Data tasks
         raise _unwrap_data_error(exc) from exc
     return PreparedData(
@@ -144,7 +157,15 @@ def _preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_in
         preprocessing=fitted,
         fingerprint=data_fingerprint,
         rows={"train": train.count(), "valid": valid.count(), "test": test.count() if test is not None else 0},
+        probe=probe,
+        probe_frame=probe_frame,
     )
+
+
+def _ray_data():
+    import ray.data
+
+    return ray.data
 
 
 def _unwrap_data_error(exc: Exception) -> Exception:

@@ -112,7 +112,7 @@ def train(
         loop_config=config,
         scaling_config=scaling,
         run_config=run_config,
-        datasets={"train": data.train, "valid": data.valid},
+        datasets=_datasets(data),
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
     )
     try:
@@ -124,6 +124,18 @@ def train(
     except ray.train.TrainingFailedError as exc:
         raise TrainingError(f"training failed after {spec.train.max_failures} retries (train.max_failures): {_root(exc)}") from exc
     return locate_best(join(storage_path, run_name), metric, mode)
+
+
+def _datasets(data) -> dict:
+    """The trainer's datasets: "train" (split over the workers), "valid" and, when the data stage
+    took one, "probe" (unsplit: rayline/train/probe.py), which every backend predicts at each
+    checkpoint with its live model."""
+    from rayline.train.probe import PROBE_DATASET
+
+    datasets = {"train": data.train, "valid": data.valid}
+    if getattr(data, "probe", None) is not None:
+        datasets[PROBE_DATASET] = data.probe
+    return datasets
 
 
 def scaling_config(spec: PipelineSpec, plan: ResourcePlan):

@@ -25,6 +25,7 @@ import numpy as np
 from rayline.train.backend import Backend, Predict, build_from_arch
 from rayline.train.loop import EpochReporter, Throughput, sha256_of, shard_arrays, with_last
 from rayline.train.metrics import compute_metrics, softmax
+from rayline.train.probe import probe_features, write_probe
 from rayline.train.tf_steps import TfSteps, make_strategy
 
 __all__ = ["TensorflowBackend", "BACKEND", "build_mlp"]
@@ -189,6 +190,7 @@ class TensorflowBackend(Backend):
         # "valid" is not split: every worker holds all of it, and every worker evaluates
         # it (reading variables can be a collective op, so all ranks must).
         valid_x, valid_y = shard_arrays(ray.train.get_dataset_shard("valid"), num_features, label_dtype)
+        probe_x = probe_features(num_features)  # the probe rows of the test split (rayline/train/probe.py)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
 
         for epoch in range(reporter.start_epoch, config["epochs"]):
@@ -210,6 +212,12 @@ class TensorflowBackend(Backend):
                 [infer(tf.constant(valid_x[i:i + _PREDICT_BATCH])).numpy() for i in range(0, len(valid_x), _PREDICT_BATCH)]
             ) if len(valid_x) else np.zeros((0, arch["num_outputs"]), np.float32)
             metrics = compute_metrics(config["task"], _outputs(raw, classification, probabilities), valid_y)
+            # The live model's outputs on the probe rows, as `load`'s predict computes them (every
+            # rank, as above); rank 0's checkpoint holds them. Under train.precision bf16/fp16 the
+            # layers compute in that precision here, and in fp32 when served: recorded as such.
+            probe = None
+            if probe_x is not None and len(probe_x):
+                probe = _outputs(infer(tf.constant(probe_x)).numpy(), classification, probabilities)
 
             # Snapshot on every rank (reads may be collectives); rank 0 writes it.
             weights = model.get_weights()
@@ -221,6 +229,7 @@ class TensorflowBackend(Backend):
                 np.savez(os.path.join(model_dir, _OPTIMIZER), *optimizer_state)
                 with open(os.path.join(model_dir, _ARCH), "w") as fh:
                     json.dump(arch, fh)
+                write_probe(model_dir, probe, precision)
 
             reporter.report(epoch, metrics, save, stats)
         reporter.close()

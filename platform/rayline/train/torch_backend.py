@@ -11,6 +11,7 @@ import numpy as np
 from rayline.train.backend import Backend, Predict, build_from_arch
 from rayline.train.loop import EpochReporter, Throughput, sha256_of, shard_arrays, with_last
 from rayline.train.metrics import compute_metrics, softmax
+from rayline.train.probe import probe_features, write_probe
 from rayline.train.torch_steps import TorchSteps, register_compression
 
 __all__ = ["TorchBackend", "BACKEND", "build_mlp", "restore_hyperparameters", "state_digests"]
@@ -137,6 +138,9 @@ class TorchBackend(Backend):
         valid_x, valid_y = shard_arrays(ray.train.get_dataset_shard("valid"), config["arch"]["num_features"],
                                         np.int64 if classification else np.float32)
         valid_x = torch.from_numpy(valid_x).to(device)
+        # The probe rows of the test split (rayline/train/probe.py), predicted below at every epoch.
+        probe_x = probe_features(config["arch"]["num_features"])
+        probe_x = None if probe_x is None else torch.from_numpy(probe_x).to(device)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
         dtypes = {"features": torch.float32, "label": label_dtype}
 
@@ -166,6 +170,13 @@ class TorchBackend(Backend):
                 outputs = [model(valid_x[i:i + _EVAL_BATCH]).cpu().numpy() for i in range(0, len(valid_x), _EVAL_BATCH)]
             raw = np.concatenate(outputs) if outputs else np.zeros((0, config["arch"]["num_outputs"]), np.float32)
             metrics = compute_metrics(config["task"], softmax(raw) if classification else raw.reshape(-1), valid_y)
+            # The live model's outputs on the probe rows, as `load`'s predict computes them (every
+            # rank: a sharded forward is a collective); rank 0's checkpoint holds them.
+            probe = None
+            if probe_x is not None and len(probe_x):
+                with torch.no_grad():
+                    probe = model(probe_x).float().cpu().numpy()
+                probe = softmax(probe) if classification else probe.reshape(-1)
 
             # Sharded: every rank gathers the full state (a collective); rank 0 writes it below.
             gathered = torch_fsdp.full_state(model, optimizer) if sharded else None
@@ -181,6 +192,7 @@ class TorchBackend(Backend):
                 torch.save(optimizer_state, os.path.join(model_dir, _OPTIMIZER))
                 with open(os.path.join(model_dir, _ARCH), "w") as fh:
                     json.dump(config["arch"], fh)
+                write_probe(model_dir, probe)
 
             reporter.report(epoch, metrics, save, stats)
         reporter.close()

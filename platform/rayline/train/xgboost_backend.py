@@ -32,6 +32,7 @@ import numpy as np
 from rayline.train.backend import Backend, Predict
 from rayline.train.loop import EpochReporter, Throughput, sha256_of, shard_arrays
 from rayline.train.metrics import compute_metrics
+from rayline.train.probe import probe_features, write_probe
 
 __all__ = ["XGBoostBackend", "BACKEND", "objective_params"]
 
@@ -108,6 +109,7 @@ class XGBoostBackend(Backend):
 
         train_x, train_y = shard_arrays(ray.train.get_dataset_shard("train"), arch["num_features"], label_dtype)
         valid_x, valid_y = shard_arrays(ray.train.get_dataset_shard("valid"), arch["num_features"], label_dtype)
+        probe_x = probe_features(arch["num_features"])  # the probe rows of the test split (rayline/train/probe.py)
         # Every worker builds its DMatrix (construction syncs the column count over the collective).
         dtrain = xgb.DMatrix(train_x, label=train_y.astype(np.float32), nthread=params["nthread"])
 
@@ -151,6 +153,11 @@ class XGBoostBackend(Backend):
                     # early stopping is due between checkpoints: evaluate now, stop here
                 raw = model.inplace_predict(valid_x) if len(valid_x) else np.zeros((0,))
                 metrics = compute_metrics(task, _outputs(raw, task, num_outputs), valid_y)
+                # The live booster's outputs on the probe rows, as `load`'s predict computes them;
+                # rank 0's checkpoint holds them.
+                probe = None
+                if probe_x is not None and len(probe_x):
+                    probe = _outputs(model.inplace_predict(probe_x), task, num_outputs)
                 score = metrics.get(metric)
                 if score is not None and np.isfinite(score):
                     best = state["best_score"]
@@ -171,6 +178,7 @@ class XGBoostBackend(Backend):
                         json.dump(snapshot, fh)
                     with open(os.path.join(model_dir, _ARCH), "w") as fh:
                         json.dump(dict(arch, xgboost_params=params), fh)
+                    write_probe(model_dir, probe)
 
                 reporter.report(rnd, metrics, save, meter.stats(reporter.world_size, lr))
                 return stop
