@@ -344,16 +344,9 @@ _START_TIMEOUT_S = 180.0
 
 
 def _start_timeout() -> float:
-    raw = os.environ.get(_START_TIMEOUT_ENV)
-    if raw is None:
-        return _START_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ClusterError(f"{_START_TIMEOUT_ENV}: must be a number of seconds > 0 (got {raw!r})")
-    return value
+    from rayline.cluster_probe import seconds_from_env
+
+    return seconds_from_env(_START_TIMEOUT_ENV, _START_TIMEOUT_S)
 
 
 def _has_token() -> bool:

@@ -26,7 +26,7 @@ from typing import Callable
 
 from rayline.errors import ClusterError
 
-__all__ = ["GcsAnswer", "probe_gcs", "probe_reachable", "probe_jobs_api", "PROBE_TIMEOUT_ENV", "split_address"]
+__all__ = ["GcsAnswer", "probe_gcs", "probe_reachable", "probe_jobs_api", "PROBE_TIMEOUT_ENV", "split_address", "seconds_from_env"]
 
 # The whole probe's bound, so a mistyped address fails within about 10 s with the CLI's start-up
 # (~2-3 s on the 2-core machine). A live head answers the probe in ~0.2 s, loaded or not; a slow
@@ -34,15 +34,24 @@ __all__ = ["GcsAnswer", "probe_gcs", "probe_reachable", "probe_jobs_api", "PROBE
 PROBE_TIMEOUT_ENV = "RAYLINE_CONNECT_TIMEOUT_S"
 
 
-def _probe_timeout() -> float:
-    raw = os.environ.get(PROBE_TIMEOUT_ENV, "6")
+def seconds_from_env(name: str, default: float) -> float:
+    """A positive number of seconds from environment variable `name` (`default` when unset); a
+    one-line ClusterError naming the variable for anything else."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise ClusterError(f"{PROBE_TIMEOUT_ENV}: must be a number of seconds > 0 (got {raw!r})")
+        raise ClusterError(f"{name}: must be a number of seconds > 0 (got {raw!r})")
     return value
+
+
+def _probe_timeout() -> float:
+    return seconds_from_env(PROBE_TIMEOUT_ENV, 6.0)
+
 
 _WHAT_TO_CHECK = ("allowed: the address of a running Ray head, its GCS port (6379 by default), e.g. from "
                   "`rayline cluster status` or `ray status` on the head; is the head up and the port reachable from here?")
