@@ -22,7 +22,9 @@ from .conftest import ROOT
 # The probe's deadline is 6 s (rayline.cluster_probe) and the CLI starts in 2-3 s; the bound leaves
 # room for the other lane's load on the 2-core CI machine. Ray alone: still waiting after 90 s.
 BOUND_S = 20
-RAY_CPP_LOG = ("Failed to connect", "GCS", "TimedOut", "[C++]", ".cc:", "Traceback")
+# What Ray printed before (its C++ log lines and Python tracebacks); rayline's own line names the
+# "GCS port", so the marker is Ray's wording, not the word.
+RAY_CPP_LOG = ("Failed to connect", "Failed to get cluster ID", "TimedOut", "[C++]", ".cc:", "Traceback")
 
 
 @pytest.fixture(scope="module")
