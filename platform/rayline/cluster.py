@@ -584,14 +584,12 @@ def cluster_status(ws: Workspace) -> dict:
     address = _recorded_head(ws)
     if not address:
         return {"alive": False, "address": None}
-    from rayline.cluster_probe import probe_gcs
+    from rayline.cluster_probe import ClusterUnreachable, probe_gcs
     from rayline.jobs.auth import load_token
 
     try:
         answer = probe_gcs(address, token=load_token)
-    except ClusterError as exc:
-        if "no Ray cluster answers" not in str(exc):
-            raise  # it answers, but refuses this client's token: say that
+    except ClusterUnreachable as exc:  # not running; a head that refuses this client's token raises on
         return {"alive": False, "address": address, "detail": str(exc),
                 **{k: info[k] for k in ("host", "loopback", "token_auth", "client_port") if k in info}}
     env = {**os.environ, **(_loopback_env() if info.get("loopback") else {})}

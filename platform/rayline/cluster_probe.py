@@ -26,7 +26,7 @@ from typing import Callable
 
 from rayline.errors import ClusterError
 
-__all__ = ["GcsAnswer", "probe_gcs", "probe_reachable", "probe_jobs_api", "PROBE_TIMEOUT_ENV", "split_address", "seconds_from_env"]
+__all__ = ["ClusterUnreachable", "GcsAnswer", "probe_gcs", "probe_reachable", "probe_jobs_api", "PROBE_TIMEOUT_ENV", "split_address", "seconds_from_env"]
 
 # The whole probe's bound, so a mistyped address fails within about 10 s with the CLI's start-up
 # (~2-3 s on the 2-core machine). A live head answers the probe in ~0.2 s, loaded or not; a slow
@@ -77,10 +77,14 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _refused(address: str, why: str) -> ClusterError:
+class ClusterUnreachable(ClusterError):
+    """Nothing answers as a Ray head at the address (as opposed to a head that refuses this client)."""
+
+
+def _refused(address: str, why: str) -> ClusterUnreachable:
     from rayline.redact import redact_uri
 
-    return ClusterError(f"no Ray cluster answers at {redact_uri(address)} ({why}; {_WHAT_TO_CHECK})")
+    return ClusterUnreachable(f"no Ray cluster answers at {redact_uri(address)} ({why}; {_WHAT_TO_CHECK})")
 
 
 def _check_alive(channel, metadata, timeout_s: float):

@@ -510,7 +510,7 @@ def _check_probe(predictor, data) -> None:
     from rayline.train.probe import check_probe, read_probe
 
     record = read_probe(artifact_root(predictor.model_dir))
-    if record is None or getattr(data, "probe_frame", None) is None:
+    if record is None or data.probe_frame is None:
         return  # a checkpoint from before the probe (a resumed older run)
     outputs = predictor.infer(predictor.preprocessing.transform(data.probe_frame))
     problem = check_probe(record, outputs, f"register: model {predictor.name}")

@@ -23,6 +23,7 @@ import pytest
 
 from .conftest import ROOT
 from .multinode_cluster import LocalCluster
+from .test_submit import write_iris_csv
 
 SPEC = """name: iris-auth
 data:
@@ -54,13 +55,9 @@ def _home_with_token(root, token: str | None):
 def cluster(request, tmp_path_factory):
     mode = request.param
     root = tmp_path_factory.mktemp(f"auth-{mode}")
-    from sklearn.datasets import load_iris
-
-    frame = load_iris(as_frame=True).frame
-    frame.columns = [c.replace(" (cm)", "").replace(" ", "_") for c in frame.columns]
     project = root / "project"
     project.mkdir()
-    frame.to_csv(project / "iris.csv", index=False)
+    write_iris_csv(project / "iris.csv")
     (project / "iris.yaml").write_text(SPEC)
     cluster_token = "rl-" + secrets.token_hex(16)
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": cluster_token} if mode == "token" else {"RAY_AUTH_MODE": "disabled"}

@@ -38,6 +38,15 @@ serve: {route: /iris-submit, replicas: {min: 1, max: 1}}
 """
 
 
+def write_iris_csv(path) -> None:
+    """scikit-learn's iris as a CSV with plain column names (sepal_length, ..., target)."""
+    from sklearn.datasets import load_iris
+
+    frame = load_iris(as_frame=True).frame
+    frame.columns = [c.replace(" (cm)", "").replace(" ", "_") for c in frame.columns]
+    frame.to_csv(path, index=False)
+
+
 # Every port of the head is ours: two heads on one machine otherwise collide on Ray's fixed
 # default dashboard-agent port (52365), and a head whose agent cannot bind answers every job
 # submission with 500 "No available agent" (measured: another test's head held it).
@@ -69,11 +78,7 @@ def head(tmp_path_factory):
     root = tmp_path_factory.mktemp("submit")
     ws, project = root / "ws", root / "proj"
     (project / "data").mkdir(parents=True)
-    from sklearn.datasets import load_iris
-
-    frame = load_iris(as_frame=True).frame
-    frame.columns = [c.replace(" (cm)", "").replace(" ", "_") for c in frame.columns]
-    frame.to_csv(project / "data" / "iris.csv", index=False)
+    write_iris_csv(project / "data" / "iris.csv")
     (project / "iris.yaml").write_text(SPEC)
     (project / ".gitignore").write_text("data/\n*.log\n")  # data is ignored by git, yet the job needs it
     (project / "debug.log").write_text("x")

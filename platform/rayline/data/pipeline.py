@@ -145,8 +145,10 @@ def _preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_in
     try:
         train, valid = convert(train_raw), convert(valid_raw)
         test = convert(test_raw) if test_raw is not None else None
+        import ray.data
+
         # One block: one task transforms it, and the rows keep the probe frame's order.
-        probe = None if probe_frame is None else convert(_ray_data().from_pandas(probe_frame))
+        probe = None if probe_frame is None else convert(ray.data.from_pandas(probe_frame))
     except Exception as exc:  # surface our DataError from inside Ray Data tasks
         raise _unwrap_data_error(exc) from exc
     return PreparedData(
@@ -160,12 +162,6 @@ def _preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_in
         probe=probe,
         probe_frame=probe_frame,
     )
-
-
-def _ray_data():
-    import ray.data
-
-    return ray.data
 
 
 def _unwrap_data_error(exc: Exception) -> Exception:
