@@ -230,65 +230,85 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
         if schema is not None:
             _check_columns(list(schema.names), features, keep, where, out_columns)
 
-    import ray
-
     from rayline.cluster import connect
 
     connection = connect(ws, address)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    failure = None
     try:
-        import ray.data
-
-        from rayline.data.sources import read_dataset
-
-        # Output rows in input order: preserve_order, and Ray Data's V1 Parquet reader. Ray 2.60's
-        # DataSourceV2 reader (the default) does not keep a file's row groups in order even with
-        # preserve_order: a 1M-row file of 20 row groups of 50,000 came back starting at row
-        # 250,000, its first 5 row groups last (V1: in order). Both set for the whole run.
-        ctx = ray.data.DataContext.get_current()
-        saved_order, saved_v2 = ctx.execution_options.preserve_order, ctx.use_datasource_v2
-        saved_limits = ctx.execution_options.resource_limits
-        ctx.execution_options.preserve_order = True
-        ctx.use_datasource_v2 = False
-        # Ray Data's own budget is half the object store (~3.5 GB on a 24 GB machine): blocks read
-        # ahead of the scorers filled it, and the 1M-row run peaked at 3.4 GB PSS. A fixed
-        # budget keeps memory flat whatever the input's size.
-        ctx.execution_options.resource_limits = saved_limits.copy(object_store_memory=OBJECT_STORE_BUDGET)
-        try:
-            row_groups = fmt == "parquet" and not any(is_uri(f) for f in files) and schema is not None
-            read_cpus = ROW_GROUP_READ_CPUS if row_groups else 1.0
-            # Planned before anything runs: Ray Data waits forever for a CPU that never frees.
-            workers, cpus = plan_scorers(_free_cpus(read_cpus + 0.1), read_cpus)
-            try:
-                ds = _read_row_groups(files) if row_groups else read_dataset(_Source(fmt, str(input_path)))
-            except DataError as exc:
-                raise DataError(str(exc).replace("data.source.path", "--input", 1)) from exc
-            names = list(schema.names) if row_groups else list(ds.schema().names)
-            kept = _check_columns(names, features, keep, where, out_columns)
-            scored = ds.map_batches(
-                _Scorer, batch_size=BATCH_ROWS, batch_format="pandas", num_cpus=cpus,
-                compute=ray.data.ActorPoolStrategy(min_size=1, max_size=workers),
-                fn_constructor_kwargs={"name": name, "version": mv.version, "workspace": ws.location,
-                                       "tracking_uri": ws.tracking_uri_override, "probabilities": probabilities,
-                                       "keep": kept})
-            total = _parquet_rows(files) if fmt == "parquet" else None
-            rows = _write(scored, tmp, total, progress, _unwrap)
-        finally:
-            ctx.execution_options.preserve_order, ctx.use_datasource_v2 = saved_order, saved_v2
-            ctx.execution_options.resource_limits = saved_limits
+        rows, kept = _score_on_ray(name, mv.version, ws, fmt, files, str(input_path), schema, features, keep, where,
+                                   out_columns, probabilities, tmp, progress)
         os.replace(tmp, out)
     except BaseException as exc:
         try:
             tmp.unlink()
         except FileNotFoundError:
             pass
-        if isinstance(exc, (RaylineError, KeyboardInterrupt)) or not _is_ray_error(exc):
+        if isinstance(exc, DataError) and type(exc) is DataError:
+            failure = DataError(str(exc))
+        elif isinstance(exc, (RaylineError, KeyboardInterrupt)) or not _is_ray_error(exc):
             raise
-        raise _unwrap(exc, _Source(fmt, str(input_path))) from exc
+        else:
+            failure = _unwrap(exc, _Source(fmt, str(input_path)))
     finally:
         connection.shutdown()
+    if failure is not None:
+        # Raised here, outside the handler, as a new error with no link to Ray's: a failed run
+        # leaves the scorer actors' handles in reference cycles through Ray Data's executor
+        # and the frames of its exception, and each actor kept its CPUs until a garbage
+        # collection came by (in a long-lived process, minutes; the test session's next pipeline
+        # waited for them). The message is the first line of the scorer's or reader's error.
+        import gc
+
+        gc.collect()
+        raise failure
     return ScoreResult(output=str(out), rows=rows, seconds=time.monotonic() - started, model=name,
                        version=mv.version, columns=kept + out_columns)
+
+
+def _score_on_ray(name, version, ws, fmt, files, input_path, schema, features, keep, where, out_columns,
+                  probabilities, tmp: Path, progress) -> tuple[int, list[str]]:
+    """Read, score on a pool of actors and write `tmp`: (rows written, input columns kept)."""
+    import ray.data
+
+    from rayline.data.sources import is_uri, read_dataset
+
+    # Output rows in input order: preserve_order, and Ray Data's V1 Parquet reader. Ray 2.60's
+    # DataSourceV2 reader (the default) does not keep a file's row groups in order even with
+    # preserve_order: a 1M-row file of 20 row groups of 50,000 came back starting at row
+    # 250,000, its first 5 row groups last (V1: in order). Both set for the whole run.
+    ctx = ray.data.DataContext.get_current()
+    saved_order, saved_v2 = ctx.execution_options.preserve_order, ctx.use_datasource_v2
+    saved_limits = ctx.execution_options.resource_limits
+    ctx.execution_options.preserve_order = True
+    ctx.use_datasource_v2 = False
+    # Ray Data's own budget is half the object store (~3.5 GB on a 24 GB machine): blocks read
+    # ahead of the scorers filled it, and the 1M-row run peaked at 3.4 GB PSS. A fixed
+    # budget keeps memory flat whatever the input's size.
+    ctx.execution_options.resource_limits = saved_limits.copy(object_store_memory=OBJECT_STORE_BUDGET)
+    try:
+        row_groups = fmt == "parquet" and not any(is_uri(f) for f in files) and schema is not None
+        read_cpus = ROW_GROUP_READ_CPUS if row_groups else 1.0
+        # Planned before anything runs: Ray Data waits forever for a CPU that never frees.
+        workers, cpus = plan_scorers(_free_cpus(read_cpus + 0.1), read_cpus)
+        try:
+            ds = _read_row_groups(files) if row_groups else read_dataset(_Source(fmt, input_path))
+        except DataError as exc:
+            raise DataError(str(exc).replace("data.source.path", "--input", 1)) from exc
+        names = list(schema.names) if row_groups else list(ds.schema().names)
+        kept = _check_columns(names, features, keep, where, out_columns)
+        scored = ds.map_batches(
+            _Scorer, batch_size=BATCH_ROWS, batch_format="pandas", num_cpus=cpus,
+            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=workers),
+            fn_constructor_kwargs={"name": name, "version": version, "workspace": ws.location,
+                                   "tracking_uri": ws.tracking_uri_override, "probabilities": probabilities,
+                                   "keep": kept})
+        total = _parquet_rows(files) if fmt == "parquet" else None
+        rows = _write(scored, tmp, total, progress, _unwrap)
+    finally:
+        ctx.execution_options.preserve_order, ctx.use_datasource_v2 = saved_order, saved_v2
+        ctx.execution_options.resource_limits = saved_limits
+    return rows, kept
 
 
 def _row_group_table(batch) -> "pa.Table":

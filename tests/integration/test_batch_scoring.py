@@ -7,6 +7,7 @@ embedded Ray), and the errors: one line, non-zero exit, no traceback, no output 
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -96,12 +97,21 @@ def test_a_failure_mid_dataset_leaves_no_output_and_keeps_an_existing_one(digits
     bad.to_parquet(tmp_path / "in" / "b.parquet", index=False)
     out = tmp_path / "scores.parquet"
     out.write_bytes(b"an earlier result")
+    import ray
+
+    free_before = ray.available_resources().get("CPU", 0)  # this module's endpoint's replicas hold some
     with pytest.raises(DataError) as info:
         score("digits", str(tmp_path / "in"), str(out), workspace=ws)
     assert str(info.value) == (f"--input: column(s) ['pixel_3_4'] hold missing values and model digits v{digits.version} "
                                "imputes none of them (allowed: a value in every row of these columns)")
     assert out.read_bytes() == b"an earlier result"
     assert sorted(os.listdir(tmp_path)) == ["in", "scores.parquet"]  # no .partial file left
+    # The failed run's scorers give their CPUs back while the caller still holds the error (its
+    # traceback once kept their handles, and their CPUs, until a garbage collection came by).
+    deadline = time.monotonic() + 20
+    while ray.available_resources().get("CPU", 0) < free_before - 0.01:
+        assert time.monotonic() < deadline, f"CPUs held after the failed run: {ray.available_resources()}"
+        time.sleep(0.5)
 
 
 def test_cli_scores_a_directory_in_a_subprocess_with_progress_lines(digits, ws, frame, tmp_path):
