@@ -103,14 +103,16 @@ def _wait_for_free_cpus(timeout_s: float = 60):
 
 @pytest.fixture(scope="module")
 def blobs_csv(tmp_path_factory) -> str:
-    """12000 rows, 3 classes: an epoch takes seconds, so the PBT sweep's exploit happens mid-run
-    with real training on either side of it (iris trains a whole run in well under a second)."""
+    """3000 rows, 3 classes: an epoch is ~190 steps of batch 8 per worker, so the PBT sweep's
+    exploit happens mid-run with real training on either side of it (iris trains a whole run in
+    well under a second). Synchronous PBT waits for both trials at the perturbation point, so
+    epochs need not be long for the trials to meet there (12,000 rows cost the suite ~90 s)."""
     import numpy as np
     import pandas as pd
 
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(12000, 4))
-    label = np.argmax(x[:, :3] + 0.3 * rng.normal(size=(12000, 3)), axis=1)
+    x = rng.normal(size=(3000, 4))
+    label = np.argmax(x[:, :3] + 0.3 * rng.normal(size=(3000, 3)), axis=1)
     path = tmp_path_factory.mktemp("blobs") / "blobs.csv"
     pd.DataFrame({**{f"x{i}": x[:, i] for i in range(4)}, "label": label}).to_csv(path, index=False)
     return str(path)
