@@ -63,12 +63,14 @@ def generate(path: Path, rows: int, seed: int = 0) -> None:
 
 
 class TreeSampler:
-    """Peak summed RSS and PSS of a process and all its descendants, sampled every `period` s."""
+    """Peak summed RSS and PSS of a process and all its descendants, and the process's own peak
+    RSS (a driver's: what decides whether it runs out of memory), sampled every `period` s."""
 
     def __init__(self, pid: int, period: float = 0.2):
         self.root = psutil.Process(pid)
         self.period = period
         self.peak_rss = 0
+        self.peak_root_rss = 0
         self.peak_pss = 0
         self.peak_procs = 0
         self._stop = threading.Event()
@@ -89,6 +91,8 @@ class TreeSampler:
                     continue
                 rss += info.rss
                 pss += getattr(info, "pss", info.rss)
+                if proc.pid == self.root.pid:
+                    self.peak_root_rss = max(self.peak_root_rss, info.rss)
             self.peak_rss = max(self.peak_rss, rss)
             self.peak_pss = max(self.peak_pss, pss)
             self.peak_procs = max(self.peak_procs, len(procs))

@@ -122,20 +122,6 @@ def measured(cmd: list[str], env: dict, profile: Path | None = None) -> dict:
     started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sampler = TreeSampler(proc.pid)
-    driver_peak = [0]
-
-    def own_rss() -> None:
-        while proc.poll() is None:
-            try:
-                driver_peak[0] = max(driver_peak[0], psutil.Process(proc.pid).memory_info().rss)
-            except psutil.Error:
-                return
-            time.sleep(0.2)
-
-    import threading
-
-    watcher = threading.Thread(target=own_rss, daemon=True)
-    watcher.start()
     spy = None
     if profile is not None and shutil.which("py-spy"):
         spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", "raw", "--output",
@@ -144,14 +130,13 @@ def measured(cmd: list[str], env: dict, profile: Path | None = None) -> dict:
     output, _ = proc.communicate()
     seconds = time.monotonic() - started
     sampler.stop()
-    watcher.join()
     if spy is not None:  # it follows Ray's processes, some outliving the driver: stop it, and it writes
         spy.send_signal(signal.SIGINT)
         spy.wait(timeout=60)
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{output}")
     return {"seconds": seconds, "peak_rss": sampler.peak_rss, "peak_pss": sampler.peak_pss,
-            "driver_peak_rss": driver_peak[0], "output": output}
+            "driver_peak_rss": sampler.peak_root_rss, "output": output}
 
 
 def rayline_accuracy(ws: Path) -> float:

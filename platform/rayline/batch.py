@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from rayline.client import PREDICTION_COLUMN, probability_column
-from rayline.errors import DataError, RaylineError, RegistryError, ResourceError
+from rayline.errors import DataError, RegistryError, ResourceError
 
 __all__ = ["ScoreResult", "score", "plan_scorers", "input_files", "OUTPUT_SUFFIXES", "BATCH_ROWS"]
 
@@ -244,12 +244,9 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
             tmp.unlink()
         except FileNotFoundError:
             pass
-        if isinstance(exc, DataError) and type(exc) is DataError:
-            failure = DataError(str(exc))
-        elif isinstance(exc, (RaylineError, KeyboardInterrupt)) or not _is_ray_error(exc):
+        if isinstance(exc, KeyboardInterrupt) or not (isinstance(exc, DataError) or _is_ray_error(exc)):
             raise
-        else:
-            failure = _unwrap(exc, _Source(fmt, str(input_path)))
+        failure = _unwrap(exc, _Source(fmt, str(input_path)))  # our one line, from a DataError or Ray's
     finally:
         connection.shutdown()
     if failure is not None:
@@ -268,7 +265,10 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
 
 def _score_on_ray(name, version, ws, fmt, files, input_path, schema, features, keep, where, out_columns,
                   probabilities, tmp: Path, progress) -> tuple[int, list[str]]:
-    """Read, score on a pool of actors and write `tmp`: (rows written, input columns kept)."""
+    """Read, score on a pool of actors and write `tmp`: (rows written, input columns kept).
+
+    A function of its own so that its Datasets die with its frame: `score` raises a failure from
+    its own frame, which the caller's traceback keeps, and must hold no handle on the scorers."""
     import ray.data
 
     from rayline.data.sources import is_uri, read_dataset
@@ -375,7 +375,9 @@ def _unwrap(exc: BaseException, source=None) -> DataError:
 
 
 def _is_ray_error(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith("ray") or "RayTaskError" in type(exc).__name__
+    module = type(exc).__module__
+    # "ray" or "ray.*" only: rayline's own errors (module "rayline.errors") are not Ray's.
+    return module == "ray" or module.startswith("ray.") or "RayTaskError" in type(exc).__name__
 
 
 def _model_meta(registry, mv) -> tuple[list[str], str, list]:

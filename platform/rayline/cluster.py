@@ -589,7 +589,9 @@ def cluster_status(ws: Workspace) -> dict:
 
     try:
         answer = probe_gcs(address, token=load_token)
-    except ClusterUnreachable as exc:  # not running; a head that refuses this client's token raises on
+    # Not running. A head that answers but refuses this client's token is another ClusterError,
+    # left to reach the CLI: it is running, and the user must be told why it refuses.
+    except ClusterUnreachable as exc:
         return {"alive": False, "address": address, "detail": str(exc),
                 **{k: info[k] for k in ("host", "loopback", "token_auth", "client_port") if k in info}}
     env = {**os.environ, **(_loopback_env() if info.get("loopback") else {})}
