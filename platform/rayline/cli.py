@@ -936,12 +936,32 @@ def _print_chain(exc: BaseException) -> None:
     err_console.print(_shown("".join(traceback.format_exception(exc)).rstrip()))
 
 
+def _environment_fault(exc: RaylineError) -> str | None:
+    """The one-line environment message (rayline.faults) for a fault anywhere in a rayline error's
+    chain: a TrainingError raised from a worker lost with its node or a full disk says that and what
+    to do, not "training failed: <Ray's text>". An EnvironmentFault already is that line; an
+    interrupted run is the user's doing."""
+    from rayline.errors import EnvironmentFault, InterruptedRun
+
+    if isinstance(exc, (EnvironmentFault, InterruptedRun)):
+        return None
+    from rayline.faults import describe_fault
+
+    return describe_fault(exc)
+
+
 def main() -> None:
     try:
         app()
     except RaylineError as exc:
         if _debug():
             _print_chain(exc)
+        fault = _environment_fault(exc)
+        if fault is not None:
+            from rayline.errors import EnvironmentFault
+
+            err_console.print(styled(("error:", "red"), " " + _shown(fault)))
+            sys.exit(EnvironmentFault.exit_code)
         err_console.print(styled(("error:", "red"), " " + _shown(str(exc))))
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
