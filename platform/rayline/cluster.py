@@ -221,25 +221,48 @@ def _disable_token_auth() -> None:
     Config.initialize("")
 
 
+def _auto_address() -> str | None:
+    """The address Ray's "auto" joins, found by Ray's own rule (services.get_ray_address_from_environment):
+    RAY_ADDRESS, else the latest `ray start` on this machine (/tmp/ray/ray_current_cluster), else a GCS
+    found among this machine's processes. None when there is none (ray.init then says so itself)."""
+    from ray._private.services import get_ray_address_from_environment
+
+    try:
+        found = get_ray_address_from_environment("auto", None)
+    except ConnectionError:
+        return None
+    return found if found and found != "auto" else None
+
+
 def _match_cluster_auth(address: str) -> None:
     """Send the auth token exactly when the cluster at `address` requires one: it is asked
     (rayline.cluster_probe), since a token file on this machine says nothing about that cluster.
 
     A token sent to a cluster started without token auth broke cross-node object fetches ("The
     object's owner has exited") or hung the data stage. An explicit RAY_AUTH_MODE is left alone,
-    as Ray leaves it. "auto" (a Ray on this machine, found by Ray) keeps Ray's own rule.
+    as Ray leaves it (the address is still asked, to fail fast where nothing answers).
+
+    - "auto": Ray itself turns token mode on for "auto" whenever a token file exists; rayline finds
+      the address Ray would join (`_auto_address`) and asks it like an explicit one. Ray reads an
+      explicit RAY_AUTH_MODE before its own rule, so the answer holds. No cluster found: nothing to
+      ask; ray.init's own one-line error follows.
+    - ray://HOST:PORT (Ray Client): the client server is asked with Ray's client PING
+      (cluster_probe.probe_ray_client); it checks the token with the GCS's interceptor. The driver then
+      runs in a process on the cluster, which has the cluster's own token mode; the client process
+      only sends (or not) the token on its gRPC calls, which is what this decides.
     """
-    from rayline.cluster_probe import probe_gcs, probe_reachable
+    from rayline.cluster_probe import probe_gcs, probe_ray_client
     from rayline.jobs.auth import load_token
 
     if address == "auto":
-        _enable_token_auth()
-        return
-    if address.startswith("ray://"):  # Ray Client: its server answers gRPC, not the GCS's calls
-        probe_reachable(address.removeprefix("ray://"))
-        _enable_token_auth()
-        return
-    answer = probe_gcs(address, token=load_token)
+        found = _auto_address()
+        if found is None:
+            return
+        address = found
+    if address.startswith("ray://"):
+        answer = probe_ray_client(address.removeprefix("ray://"), token=load_token)
+    else:
+        answer = probe_gcs(address, token=load_token)
     if os.environ.get("RAY_AUTH_MODE") is not None:
         return
     if answer.token_required:

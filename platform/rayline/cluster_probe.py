@@ -13,7 +13,10 @@ Why ask first, ourselves:
   cluster that requires one, and a normal reply from one that does not.
 
 One cheap GCS call (`NodeInfoGcsService.CheckAlive`, what Ray's own health checks use), first without
-the token and, when the cluster requires one, once with it, with a deadline on each step.
+the token and, when the cluster requires one, once with it, with a deadline on each step. A Ray Client
+address (ray://HOST:10001) is asked the same way with the call Ray's client itself makes first
+(`RayletDriver.ClusterInfo(PING)`): Ray 2.60's client server checks the token with the same gRPC
+interceptor as the GCS, so it answers UNAUTHENTICATED exactly when the cluster requires one.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Callable
 
 from rayline.errors import ClusterError
 
-__all__ = ["ClusterUnreachable", "GcsAnswer", "probe_gcs", "probe_reachable", "probe_jobs_api", "PROBE_TIMEOUT_ENV", "split_address", "seconds_from_env"]
+__all__ = ["ClusterUnreachable", "GcsAnswer", "probe_gcs", "probe_ray_client", "probe_jobs_api", "PROBE_TIMEOUT_ENV", "split_address", "seconds_from_env"]
 
 # The whole probe's bound, so a mistyped address fails within about 10 s with the CLI's start-up
 # (~2-3 s on the 2-core machine). A live head answers the probe in ~0.2 s, loaded or not; a slow
@@ -94,6 +97,14 @@ def _check_alive(channel, metadata, timeout_s: float):
     return stub.CheckAlive(gcs_service_pb2.CheckAliveRequest(), timeout=timeout_s, metadata=metadata)
 
 
+def _client_ping(channel, metadata, timeout_s: float):
+    from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
+
+    stub = ray_client_pb2_grpc.RayletDriverStub(channel)
+    request = ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING)
+    return stub.ClusterInfo(request, timeout=timeout_s, metadata=metadata)
+
+
 def _ready_channel(address: str, timeout_s: float, left: Callable[[], float]):
     """A gRPC channel to `address` whose HTTP/2 handshake completed; a one-line ClusterError else."""
     import grpc
@@ -117,13 +128,6 @@ def _ready_channel(address: str, timeout_s: float, left: Callable[[], float]):
     return channel
 
 
-def probe_reachable(address: str, timeout_s: float | None = None) -> None:
-    """A gRPC server answers at `address` within `timeout_s` (Ray Client's server, which takes no GCS calls)."""
-    timeout_s = timeout_s or _probe_timeout()
-    deadline = time.monotonic() + timeout_s
-    _ready_channel(address, timeout_s, lambda: max(deadline - time.monotonic(), 0.05)).close()
-
-
 def probe_gcs(address: str, token: Callable[[], str | None], timeout_s: float | None = None) -> GcsAnswer:
     """Ask the GCS at `address` whether it is alive and whether it requires a token.
 
@@ -132,6 +136,20 @@ def probe_gcs(address: str, token: Callable[[], str | None], timeout_s: float | 
     that this client does not have or that it rejects. `token()`: the one this client would send
     (called only when the cluster requires one: a missing RAY_AUTH_TOKEN_PATH file matters only then).
     """
+    reply, required = _ask(address, token, _check_alive, "a Ray GCS", timeout_s)
+    return GcsAnswer(address, reply.ray_version, token_required=required)
+
+
+def probe_ray_client(address: str, token: Callable[[], str | None], timeout_s: float | None = None) -> GcsAnswer:
+    """As probe_gcs, for the Ray Client server at `address` (HOST:PORT of a ray://HOST:PORT address);
+    its PING reply carries no Ray version ("")."""
+    _, required = _ask(address, token, _client_ping, "a Ray Client server", timeout_s)
+    return GcsAnswer(address, "", token_required=required)
+
+
+def _ask(address: str, token: Callable[[], str | None], call, what: str, timeout_s: float | None):
+    """`call` on a channel to `address` without the token and, when the server answers UNAUTHENTICATED,
+    once with it: (its reply, whether it required the token), or a one-line ClusterError."""
     timeout_s = timeout_s or _probe_timeout()
     import grpc
 
@@ -145,22 +163,21 @@ def probe_gcs(address: str, token: Callable[[], str | None], timeout_s: float | 
     channel = _ready_channel(address, timeout_s, left)
     try:
         try:
-            reply = _check_alive(channel, (), left())
-            return GcsAnswer(address, reply.ray_version, token_required=False)
+            return call(channel, (), left()), False
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
-                raise _refused(address, f"the server there is not a Ray GCS ({exc.code().name}: "
-                                        f"{(exc.details() or '').splitlines()[0][:120]})") from None
+                raise _refused(address, f"the server there is not {what} ({exc.code().name}: "
+                                        f"{((exc.details() or '').splitlines() or [''])[0][:120]})") from None
         secret = token()
         if not secret:
             raise ClusterError(missing_token_message(address, had_token=False))
         try:
-            reply = _check_alive(channel, (("authorization", f"Bearer {secret}"),), left())
+            reply = call(channel, (("authorization", f"Bearer {secret}"),), left())
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise ClusterError(missing_token_message(address, had_token=True)) from None
             raise _refused(address, f"{exc.code().name} with the token") from None
-        return GcsAnswer(address, reply.ray_version, token_required=True)
+        return reply, True
     finally:
         channel.close()
 

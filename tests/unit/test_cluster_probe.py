@@ -73,3 +73,165 @@ def test_a_port_that_never_answers_fails_at_the_deadline(silent_port):
     with pytest.raises(ClusterError, match="no Ray Jobs API answered within 1.5 s"):
         probe_jobs_api(f"http://127.0.0.1:{silent_port}", token=_never_asked, timeout_s=1.5)
     assert time.monotonic() - started < 5
+
+
+# Does the cluster want a token? In-process gRPC servers that answer as a Ray GCS (CheckAlive) and a
+# Ray Client server (ClusterInfo PING) do, with or without token auth: a call without the right
+# `authorization: Bearer` metadata gets UNAUTHENTICATED, as Ray 2.60's auth interceptor answers.
+
+class _RayServers:
+    def __init__(self, token):
+        from concurrent.futures import ThreadPoolExecutor
+
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc, ray_client_pb2, ray_client_pb2_grpc
+
+        self.token, self.calls = token, []
+        outer = self
+
+        def check(context):
+            sent = dict(context.invocation_metadata()).get("authorization")
+            outer.calls.append(sent)
+            if outer.token and sent != f"Bearer {outer.token}":
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "Invalid or missing authentication token")
+
+        class Gcs(gcs_service_pb2_grpc.NodeInfoGcsServiceServicer):
+            def CheckAlive(self, request, context):
+                check(context)
+                return gcs_service_pb2.CheckAliveReply(ray_version="2.60.0")
+
+        class Client(ray_client_pb2_grpc.RayletDriverServicer):
+            def ClusterInfo(self, request, context):
+                check(context)
+                assert request.type == ray_client_pb2.ClusterInfoType.PING
+                return ray_client_pb2.ClusterInfoResponse(json="{}")
+
+        self.gcs, self.client = (grpc.server(ThreadPoolExecutor(2)) for _ in range(2))
+        gcs_service_pb2_grpc.add_NodeInfoGcsServiceServicer_to_server(Gcs(), self.gcs)
+        ray_client_pb2_grpc.add_RayletDriverServicer_to_server(Client(), self.client)
+        self.gcs_address = f"127.0.0.1:{self.gcs.add_insecure_port('127.0.0.1:0')}"
+        self.client_address = f"ray://127.0.0.1:{self.client.add_insecure_port('127.0.0.1:0')}"
+        self.gcs.start()
+        self.client.start()
+
+    def stop(self):
+        self.gcs.stop(0)
+        self.client.stop(0)
+
+
+@pytest.fixture(params=["token", "disabled"])
+def servers(request):
+    running = _RayServers("rl-cluster-token" if request.param == "token" else None)
+    yield running
+    running.stop()
+
+
+@pytest.mark.parametrize("kind", ["gcs", "ray client"])
+def test_the_token_is_asked_for_only_where_the_cluster_requires_it(servers, kind):
+    from rayline.cluster_probe import probe_ray_client
+
+    asked = []
+
+    def token():
+        asked.append(1)
+        return "rl-cluster-token"
+
+    if kind == "gcs":
+        answer = probe_gcs(servers.gcs_address, token=token, timeout_s=5)
+    else:
+        answer = probe_ray_client(servers.client_address.removeprefix("ray://"), token=token, timeout_s=5)
+    if servers.token:
+        assert answer.token_required and asked == [1] and servers.calls == [None, "Bearer rl-cluster-token"]
+    else:
+        assert not answer.token_required and asked == [] and servers.calls == [None]
+    assert answer.ray_version == ("2.60.0" if kind == "gcs" else "")
+
+
+@pytest.mark.parametrize("sent, message", [(None, "requires token authentication and no token is set"),
+                                           ("rl-wrong", "rejected the auth token")])
+def test_a_token_cluster_without_the_right_token_is_one_line(sent, message):
+    from rayline.cluster_probe import probe_ray_client
+
+    running = _RayServers("rl-cluster-token")
+    try:
+        for probe, address in ((probe_gcs, running.gcs_address),
+                               (probe_ray_client, running.client_address.removeprefix("ray://"))):
+            with pytest.raises(ClusterError, match=message) as info:
+                probe(address, token=lambda: sent, timeout_s=5)
+            assert address in str(info.value) and "\n" not in str(info.value)
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def decisions(monkeypatch, tmp_path):
+    """rayline.cluster's token decision, recorded instead of applied (Ray's config in this process is
+    left alone); the client has a token file in HOME, as after any earlier `ray start`."""
+    from rayline import cluster
+
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("rl-cluster-token")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    made = []
+    monkeypatch.setattr(cluster, "_enable_token_auth", lambda: made.append("token"))
+    monkeypatch.setattr(cluster, "_disable_token_auth", lambda: made.append("disabled"))
+    return made
+
+
+def _expected(servers):
+    return ["token" if servers.token else "disabled"]
+
+
+def test_an_explicit_address_gets_the_token_mode_its_cluster_uses(servers, decisions):
+    from rayline.cluster import _match_cluster_auth
+
+    _match_cluster_auth(servers.gcs_address)
+    assert decisions == _expected(servers)
+
+
+def test_ray_client_addresses_are_asked_too(servers, decisions):
+    from rayline.cluster import _match_cluster_auth
+
+    _match_cluster_auth(servers.client_address)
+    assert decisions == _expected(servers) and servers.calls[0] is None
+
+
+def test_auto_asks_the_cluster_ray_would_join_from_ray_address(servers, decisions, monkeypatch):
+    from rayline.cluster import _match_cluster_auth
+
+    monkeypatch.setenv("RAY_ADDRESS", servers.gcs_address)
+    _match_cluster_auth("auto")
+    assert decisions == _expected(servers) and servers.calls
+
+
+def test_auto_asks_the_cluster_of_the_latest_ray_start(servers, decisions, monkeypatch):
+    """No RAY_ADDRESS: Ray's "auto" reads the address the latest `ray start` wrote (ray_current_cluster)."""
+    import ray._private.services as services
+
+    from rayline.cluster import _match_cluster_auth
+
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: servers.gcs_address)
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset())
+    _match_cluster_auth("auto")
+    assert decisions == _expected(servers) and servers.calls
+
+
+def test_auto_with_no_cluster_on_this_machine_decides_nothing(decisions, monkeypatch):
+    import ray._private.services as services
+
+    from rayline.cluster import _match_cluster_auth
+
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset())
+    _match_cluster_auth("auto")  # ray.init("auto") then says "Could not find any running Ray instance"
+    assert decisions == []
+
+
+def test_an_explicit_auth_mode_is_left_alone_but_the_address_still_asked(servers, decisions, monkeypatch):
+    from rayline.cluster import _match_cluster_auth
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    _match_cluster_auth(servers.gcs_address)
+    assert decisions == [] and servers.calls
