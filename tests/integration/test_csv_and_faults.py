@@ -69,16 +69,48 @@ def test_csv_bad_requests_get_422(churn, row, field):
     assert response.status_code == 422 and field in response.text
 
 
-def test_split_is_deterministic_and_disjoint(churn):
+def test_split_is_the_same_for_any_file_and_block_layout(churn, tmp_path):
+    """Rows are assigned by a hash of the seed and the row: the same rows in other files and other
+    blocks give the same splits and the same fitted preprocessing; each split is the rows whose
+    hash falls in its range, and no row is in two splits."""
+    import ray
+
     from rayline.data import prepare_data
+    from rayline.data.split import TEST, TRAIN, VALID, Thresholds, row_hashes
+    from rayline.spec import apply_overrides
 
     spec, _ = churn
-    a, b = prepare_data(spec), prepare_data(spec)
-    pd.testing.assert_frame_equal(a.test_frame.reset_index(drop=True), b.test_frame.reset_index(drop=True))
-    assert a.preprocessing.to_dict() == b.preprocessing.to_dict()
-    assert a.rows["train"] + a.rows["valid"] + a.rows["test"] == 400
+    one = prepare_data(spec)
+    frame = pd.read_csv(spec.data.source.path)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for name, (a, b) in {"a.csv": (0, 50), "b.csv": (50, 200), "c.csv": (200, 400)}.items():
+        frame.iloc[a:b].to_csv(folder / name, index=False)
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.target_max_block_size
+    ctx.target_max_block_size = 2048  # blocks of a few dozen rows, instead of one per file
+    try:
+        other = prepare_data(apply_overrides(spec, {"data.source.path": str(folder)}))
+    finally:
+        ctx.target_max_block_size = saved
+    assert one.rows == other.rows and sum(one.rows.values()) == 400 and min(one.rows.values()) > 0
 
+    def ordered(f):
+        return f.sort_values(list(f.columns)).reset_index(drop=True)
 
+    pd.testing.assert_frame_equal(ordered(one.test_frame), ordered(other.test_frame))
+    pd.testing.assert_frame_equal(one.probe_frame, other.probe_frame)
+    assert _rounded(one.preprocessing.to_dict()) == _rounded(other.preprocessing.to_dict())
+    columns = ["plan", "tenure", "fee", "churn"]
+    hashes = row_hashes(frame, columns, spec.data.split.seed)
+    thresholds = Thresholds(spec.data.split.valid, spec.data.split.test)
+    expected = {s: int(thresholds.mask(hashes, s).sum()) for s in (TRAIN, VALID, TEST)}
+    assert one.rows == expected
+    pd.testing.assert_frame_equal(ordered(one.test_frame[columns]), ordered(frame[thresholds.mask(hashes, TEST)]),
+                                  check_dtype=False)
+    # The train split's own statistics: the fitted median is the train rows' median, not all rows'.
+    train = frame[thresholds.mask(hashes, TRAIN)]
+    assert one.preprocessing.steps[0].fill["tenure"] == train["tenure"].median() != frame["tenure"].median()
 
 
 def _rounded(value):

@@ -297,3 +297,22 @@ def test_a_silent_endpoint_times_out_with_one_line():
         with pytest.raises(ServeError, match=r"no answer within 1 s"):
             post_predict(f"http://127.0.0.1:{port}/x", [{"a": 1}], timeout=1)
         assert time.monotonic() - t < 3
+
+
+def test_the_stat_fingerprint_follows_size_and_mtime_and_the_content_one_the_bytes(tmp_path):
+    from rayline.spec.models import SourceSpec
+
+    path = tmp_path / "d.csv"
+    path.write_text("x,y\n1,2\n")
+    stat = SourceSpec(format="csv", path=str(path))
+    content = SourceSpec(format="csv", path=str(path), fingerprint="content")
+    before = sources.fingerprint(stat), sources.fingerprint(content)
+    assert before[0].startswith("stat:") and before[1].startswith("sha256:")
+    os.utime(path, ns=(0, 10**9))  # touched: same bytes, another modification time
+    assert sources.fingerprint(stat) != before[0] and sources.fingerprint(content) == before[1]
+    path.write_text("x,y\n1,3\n")  # same size, other bytes
+    os.utime(path, ns=(0, 10**9))
+    assert sources.fingerprint(stat) == sources.fingerprint(stat)
+    assert sources.fingerprint(content) != before[1]
+    with pytest.raises(Exception, match="fingerprint"):
+        SourceSpec(format="csv", path=str(path), fingerprint="md5")

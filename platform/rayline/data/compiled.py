@@ -100,9 +100,7 @@ class FillCategoryOp:
 
     def __call__(self, batch: Batch) -> None:
         values = batch.cat[self.column]
-        for i, value in enumerate(values):
-            if is_missing(value):
-                values[i] = self.value
+        values[_missing(values)] = self.value
 
 
 class OneHotOp:
@@ -114,21 +112,60 @@ class OneHotOp:
         self.column, self.categories, self.error = column, categories, error_on_unknown
         self.index = {value_key(c): j for j, c in enumerate(categories)}
         self._key = value_key
+        self._lookup = lookup_index(list(self.index))
+
+    def codes(self, values: np.ndarray) -> np.ndarray:
+        """Each value's category index; -1 unseen, -2 missing."""
+        return category_codes(values, self.index, self._lookup)
 
     def __call__(self, batch: Batch) -> None:
-        index, key = self.index, self._key
-        n = len(batch)
-        codes = np.fromiter((-2 if is_missing(v) else index.get(key(v), -1) for v in batch.cat[self.column]), np.int64, n)
+        codes = self.codes(batch.cat[self.column])
         if self.error and (codes == -1).any():
             row = int(np.flatnonzero(codes == -1)[0])
             raise DataError(
                 f"{batch.where(row)}{self.column}: category not seen in training "
                 f"(got {batch.cat[self.column][row]!r}; allowed: {', '.join(map(str, self.categories))})"
             )
-        block = np.zeros((n, len(self.categories)), np.float32)
+        block = np.zeros((len(batch), len(self.categories)), np.float32)
         rows = np.flatnonzero(codes >= 0)
         block[rows, codes[rows]] = 1.0
         batch.hot[self.column] = block
+
+
+def _missing(values: np.ndarray) -> np.ndarray:
+    """None or NaN, element-wise, for an object array (vectorised: no Python loop per value)."""
+    import pandas as pd
+
+    return np.asarray(pd.isna(values), dtype=bool)
+
+
+# Below this many rows a Python dict lookup per value beats building pandas' hash table.
+_VECTORISE_FROM = 64
+
+
+def lookup_index(keys: list):
+    """A pandas Index over the category (or class) keys for vectorised lookups, or None where
+    its hashing would not follow `value_key` (keys equal across types, e.g. 1 and True)."""
+    import pandas as pd
+
+    index = pd.Index(keys, dtype=object)
+    return index if index.is_unique else None
+
+
+def category_codes(values: np.ndarray, index: dict, lookup) -> np.ndarray:
+    """Each value's position in `index` (keys made by `value_key`); -1 unseen, -2 missing.
+
+    Vectorised through a pandas Index: Python's hashing and equality on objects make 1, 1.0
+    and np.int64(1) the same key there, as `value_key` does; bools and strings stay apart."""
+    from rayline.data.steps import value_key
+
+    n = len(values)
+    if lookup is None or n < _VECTORISE_FROM:
+        return np.fromiter((-2 if is_missing(v) else index.get(value_key(v), -1) for v in values), np.int64, n)
+    missing = _missing(values)
+    codes = np.asarray(lookup.get_indexer(np.asarray(values, dtype=object)), dtype=np.int64)
+    codes[missing] = -2
+    return codes
 
 
 def fuse(ops: list) -> list:
@@ -148,11 +185,9 @@ def fuse(ops: list) -> list:
 class CompiledTransform:
     """Raw rows (request dicts or a pandas frame) -> the model's float32 input matrix."""
 
-    def __init__(self, features: list, steps: list, categorical: set | None = None):
-        # `categorical`: every column a one_hot encodes — given when compiling the first steps
-        # of a pipeline for fitting, before its one_hot steps are fitted.
+    def __init__(self, features: list, steps: list):
         encoded = {col for step in steps if step.kind == "one_hot" for col in step.columns}
-        categorical = encoded | set(categorical or ())
+        categorical = encoded
         self.layout = Layout([f.name for f in features if f.name not in categorical],
                              [f.name for f in features if f.name in categorical])
         self.ops = fuse([op for step in steps for op in step.compile(self.layout)])
@@ -165,7 +200,7 @@ class CompiledTransform:
                 start = len(self.output_columns)
                 self.output_columns += [f"{f.name}={c}" for c in categories[f.name]]
                 self.blocks.append((f.name, start, len(self.output_columns)))
-            elif f.name not in categorical:  # one not yet encoded has no output: only `intermediate_frame` reads it
+            elif f.name not in categorical:
                 numeric_positions.append(len(self.output_columns))
                 self.output_columns.append(f.name)
         self.numeric_positions = np.array(numeric_positions, dtype=np.intp)
@@ -261,15 +296,6 @@ class CompiledTransform:
 
     def transform_frame(self, frame) -> np.ndarray:
         return self.matrix(self.run(self.batch_from_frame(frame)))
-
-    def intermediate_frame(self, frame):
-        """The columns as the steps leave them, by feature name (the fit's statistics read these)."""
-        import pandas as pd
-
-        batch = self.run(self.batch_from_frame(frame))
-        columns = {name: batch.num[:, i] for i, name in enumerate(self.layout.numeric)}
-        columns.update(batch.cat)
-        return pd.DataFrame(columns, index=frame.index)
 
     # ------------------------------------------------------------ errors naming the feature
 

@@ -15,8 +15,9 @@ from rayline.data.preprocess import (
     column_kind,
     fit_preprocessing,
 )
-from rayline.data.partials import label_summary
+from rayline.data.profile import MAX_LABEL_VALUES, ProfileRequest, profile_dataset
 from rayline.data.schema_check import infer_task
+from rayline.data.split import HASH_COLUMN, TEST, TRAIN, VALID, AddRowHash, Thresholds
 from rayline.data.steps import value_key, value_rank
 from rayline.data.sources import fingerprint, read_dataset, unwrap_data_error
 from rayline.errors import DataError
@@ -35,12 +36,13 @@ class PreparedData:
     train: object  # ray.data.Dataset, materialized
     valid: object
     test: object
-    test_frame: pd.DataFrame  # raw test rows, for test metrics through the offline predictor
+    test_frame: pd.DataFrame  # raw test rows (valid rows without a test split), for test metrics through the offline predictor
     preprocessing: FittedPreprocessing
     fingerprint: str
     rows: dict[str, int]
-    # The probe (rayline/train/probe.py): the first PROBE_ROWS raw rows of the test split (the
-    # valid split when there is none), in split order, and the same rows model-ready, transformed
+    # The probe (rayline/train/probe.py): the PROBE_ROWS raw rows of the test split (the valid
+    # split when there is none) with the smallest split hashes, in that order (the same rows
+    # however the data is laid out in blocks), and the same rows model-ready, transformed
     # through Ray Data as the training data. Bounded, whatever the size of the data.
     probe: object = None  # ray.data.Dataset, materialized, one block
     probe_frame: pd.DataFrame | None = None
@@ -78,6 +80,12 @@ def prepare_variants(spec, variants: list) -> list[PreparedData]:
     `variants`: specs equal to `spec` but for `data.preprocess` (a whole-pipeline sweep's
     preprocessing configurations). Every variant sees the same rows in the same splits, so
     trials on different preprocessing compare on equal terms.
+
+    The rows are read once (only the columns the spec uses), each tagged with its split's hash
+    (data/split.py), and kept in Ray's object store; one pass (data/profile.py) then gathers the
+    label's classes, the split sizes, the probe rows and every statistic of every variant's
+    steps; each variant is fitted from those statistics on the driver and transforms each split
+    in one pass of whole blocks.
     """
     source = spec.data.source
     ds = read_dataset(source)
@@ -93,62 +101,119 @@ def prepare_variants(spec, variants: list) -> list[PreparedData]:
     missing = [c for c in names if c not in columns]
     if missing:
         raise DataError(f"data.features: no such columns in the data (got {missing}; allowed: {', '.join(columns[:20])})")
+    split = spec.data.split
+    key = split.key
+    if key is not None and key not in columns:
+        raise DataError(f"data.split.key: no such column in the data (got {key!r}; allowed: {', '.join(columns[:20])})")
     kinds = dict(zip(schema.names, (column_kind(t) for t in schema.types)))
+    read = names + [label] + ([key] if key is not None and key not in names and key != label else [])
+    hashed = ds.select_columns(read).map_batches(
+        AddRowHash([key] if key is not None else names + [label], split.seed), batch_format="pyarrow", batch_size=None)
+    probe_split = TEST if split.test > 0 else VALID
+    request = ProfileRequest.for_steps(label, names, kinds, [v.data.preprocess for v in variants],
+                                       valid=split.valid, test=split.test, probe_rows=PROBE_ROWS, probe_split=probe_split)
     try:
-        ds = ds.select_columns(names + [label]).materialize()
+        # Kept in the object store (spilled to disk beyond it): the profile pass and each split's
+        # transform read it there instead of parsing the files again.
+        hashed = hashed.materialize()
+        profile = profile_dataset(hashed, request)
     except Exception as exc:  # a bad later file or block: Ray's remote traceback -> our one line
         raise unwrap_data_error(exc, source) from exc
 
-    null_labels, classes = label_summary(ds, label)
-    if null_labels:
-        raise DataError(f"data.label: {null_labels} rows have no label in column {label!r} (allowed: drop them from the data)")
+    if profile.label_nulls:
+        raise DataError(f"data.label: {profile.label_nulls} rows have no label in column {label!r} (allowed: drop them from the data)")
+    classes = profile.label_values
     label_kind = kinds[label]
-    task = spec.task or infer_task(label_kind, len(classes))
+    task = spec.task or infer_task(label_kind, len(classes) if classes is not None else MAX_LABEL_VALUES + 1)
     if task == "classification":
+        if classes is None:
+            raise DataError(f"data.label: classification with more than {MAX_LABEL_VALUES:,} distinct labels in "
+                            f"column {label!r} (allowed: task: regression, or fewer classes)")
         if len(classes) < 2:
-            raise DataError(f"data.label: classification needs at least 2 classes (got {classes})")
+            raise DataError(f"data.label: classification needs at least 2 classes (got {list(classes)})")
         label_info = LabelInfo(name=label, task=task, classes=sorted({value_key(c) for c in classes}, key=value_rank))
     else:
         if label_kind in ("string", "boolean"):
             raise DataError(f"task: regression needs a numeric label (got {label!r}, a {label_kind} column)")
         label_info = LabelInfo(name=label, task=task)
 
-    split = spec.data.split
-    total = ds.count()
+    total = sum(profile.rows.values())
     if total < 10:
         raise DataError(f"data.source: too few rows to split into train/valid/test (got {total}; allowed: >= 10)")
-    shuffled = ds.random_shuffle(seed=split.seed).materialize()
-    fractions = [split.valid, split.test] if split.test > 0 else [split.valid]
-    parts = shuffled.split_proportionately(fractions)
-    if split.test > 0:
-        valid_raw, test_raw, train_raw = parts
-    else:
-        (valid_raw, train_raw), test_raw = parts, None
+    wanted = [TRAIN, VALID] + ([TEST] if split.test > 0 else [])
+    empty = [s for s in wanted if not profile.rows[s]]
+    if empty:
+        raise DataError(f"data.split: the {' and '.join(empty)} split of {total} rows came out empty (the split is by "
+                        f"a hash of each row, so its sizes are the fractions only on average; got valid "
+                        f"{split.valid:g}, test {split.test:g}; allowed: more rows, or larger fractions)")
     features = [FeatureInfo(name=c, kind=kinds[c]) for c in names]
-    test_frame = test_raw.to_pandas() if test_raw is not None else valid_raw.to_pandas()
-    probe_frame = (test_raw if test_raw is not None else valid_raw).limit(PROBE_ROWS).to_pandas()
+    probe_frame = None if profile.probe is None else profile.probe.drop(columns=[HASH_COLUMN])
+    test_frame = _raw_rows(hashed, TEST if split.test > 0 else VALID, split, names + [label])
     data_fingerprint = fingerprint(source)
-    return [_preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_info, variant.data.preprocess,
-                          data_fingerprint, probe_frame) for variant in variants]
+    prepared = []
+    for variant in variants:
+        fitted = fit_preprocessing(profile.train_stats(), features, label_info, variant.data.preprocess)
+        prepared.append(_transformed(hashed, split, fitted, test_frame, data_fingerprint, probe_frame, profile.rows))
+    return prepared
 
 
-def _preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_info, steps, data_fingerprint,
-                  probe_frame=None) -> PreparedData:
-    """Fit `steps` on the train split and turn every split into model-ready rows."""
-    fitted = fit_preprocessing(train_raw, features, label_info, steps)
+class _SplitRows:
+    """A picklable map_batches callable: the raw rows of one split (hash column dropped)."""
 
-    to_batch = _ToTrainingBatch(fitted)
+    def __init__(self, split, which: str, columns: list[str]):
+        self.thresholds, self.which, self.columns = Thresholds(split.valid, split.test), which, columns
 
-    def convert(part):
-        return part.map_batches(to_batch, batch_format="pandas").materialize()
+    def __call__(self, table):
+        import pyarrow as pa
+
+        hashes = table.column(HASH_COLUMN).to_numpy()
+        return table.filter(pa.array(self.thresholds.mask(hashes, self.which))).select(self.columns)
+
+
+class _SplitToTrainingBatch:
+    """A picklable map_batches callable: one split's rows of a block, model-ready."""
+
+    def __init__(self, split, which: str, preprocessing: FittedPreprocessing):
+        self.thresholds, self.which, self.preprocessing = Thresholds(split.valid, split.test), which, preprocessing
+
+    def __call__(self, table) -> dict:
+        import pyarrow as pa
+
+        hashes = table.column(HASH_COLUMN).to_numpy()
+        rows = table.filter(pa.array(self.thresholds.mask(hashes, self.which))).drop_columns([HASH_COLUMN])
+        return to_training_batch(self.preprocessing, rows.to_pandas())
+
+
+def _raw_rows(hashed, which: str, split, columns: list[str]) -> pd.DataFrame:
+    """One split's raw rows as one pandas frame with numpy dtypes, as `pd.read_csv` would give.
+
+    Joined here rather than by `Dataset.to_pandas`, which gave Arrow-backed columns for some
+    block layouts and `object` for others (files whose readers inferred int64 and double)."""
+    import pyarrow as pa
+    import ray
 
     try:
-        train, valid = convert(train_raw), convert(valid_raw)
-        test = convert(test_raw) if test_raw is not None else None
-        import ray.data
+        tables = ray.get(hashed.map_batches(_SplitRows(split, which, columns), batch_format="pyarrow",
+                                            batch_size=None).to_arrow_refs())
+    except Exception as exc:
+        raise _unwrap_data_error(exc) from exc
+    return pa.concat_tables(tables, promote_options="permissive").to_pandas()
 
+
+def _transformed(hashed, split, fitted, test_frame, data_fingerprint, probe_frame, rows) -> PreparedData:
+    """Every split model-ready through `fitted`: one pass of whole blocks per split."""
+    import ray.data
+
+    def convert(which):
+        return hashed.map_batches(_SplitToTrainingBatch(split, which, fitted), batch_format="pyarrow",
+                                  batch_size=None).materialize()
+
+    try:
+        train, valid = convert(TRAIN), convert(VALID)
+        test = convert(TEST) if split.test > 0 else None
         # One block: one task transforms it, and the rows keep the probe frame's order.
-        probe = None if probe_frame is None else convert(ray.data.from_pandas(probe_frame))
+        probe = None if probe_frame is None else ray.data.from_pandas(probe_frame).map_batches(
+            _ToTrainingBatch(fitted), batch_format="pandas", batch_size=None).materialize()
     except Exception as exc:  # surface our DataError from inside Ray Data tasks
         raise _unwrap_data_error(exc) from exc
     return PreparedData(
@@ -158,7 +223,7 @@ def _preprocessed(train_raw, valid_raw, test_raw, test_frame, features, label_in
         test_frame=test_frame,
         preprocessing=fitted,
         fingerprint=data_fingerprint,
-        rows={"train": train.count(), "valid": valid.count(), "test": test.count() if test is not None else 0},
+        rows={"train": rows[TRAIN], "valid": rows[VALID], "test": rows[TEST] if split.test > 0 else 0},
         probe=probe,
         probe_frame=probe_frame,
     )

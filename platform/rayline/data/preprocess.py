@@ -1,7 +1,7 @@
 """Fitted preprocessing: the part of the model that turns raw rows into feature arrays.
 
 Steps (data/steps.py, one class each) are fitted in order on the train split only, each on
-the columns as the earlier steps left them, from per-block statistics (data/partials.py).
+the columns as the earlier steps left them, from statistics gathered in one pass (data/profile.py).
 The fitted state is plain JSON in the model artifact. `transform` (pandas frames: Ray Data
 batches in training, the test split) and `encode_records` (request rows in serving) run the
 same compiled numpy transform (data/compiled.py), so offline and online predictions are
@@ -17,8 +17,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from rayline.data import partials
-from rayline.data.compiled import CompiledTransform
+from rayline.data.compiled import CompiledTransform, lookup_index, category_codes
 from rayline.data.steps import value_key, Step, STEPS, ColumnPlan, check_steps, step_from_state
 from rayline.errors import DataError
 
@@ -86,10 +85,16 @@ class FittedPreprocessing:
         if self.label.task == "regression":
             return values.to_numpy(dtype=np.float32)
         index = {value_key(c): i for i, c in enumerate(self.label.classes)}
-        try:
-            return np.array([index[value_key(v)] for v in values], dtype=np.int64)
-        except KeyError as exc:
-            raise DataError(f"data.label: value {exc.args[0]!r} is not a known class ({self.label.classes})") from exc
+        raw = values.to_numpy(dtype=object)
+        codes = category_codes(raw, index, self._class_lookup)
+        if (codes < 0).any():
+            bad = raw[int(np.flatnonzero(codes < 0)[0])]
+            raise DataError(f"data.label: value {bad!r} is not a known class ({self.label.classes})")
+        return codes
+
+    @cached_property
+    def _class_lookup(self):
+        return lookup_index([value_key(c) for c in self.label.classes])
 
     def decode(self, class_ids) -> list:
         return [self.label.classes[int(i)] for i in class_ids]
@@ -129,6 +134,7 @@ class FittedPreprocessing:
         # The compiled transform is rebuilt where it is used (Ray Data workers, replicas).
         state = dict(self.__dict__)
         state.pop("compiled", None)
+        state.pop("_class_lookup", None)
         return state
 
 
@@ -141,59 +147,16 @@ def _json_default(value):
 # ---------------------------------------------------------------- fitting
 
 
-class _Intermediate:
-    """A picklable map_batches callable: raw batch -> the columns as the fitted steps so far leave them."""
-
-    def __init__(self, compiled: CompiledTransform):
-        self.compiled = compiled
-
-    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        return self.compiled.intermediate_frame(batch)
-
-
-class _DatasetStats:
-    """Statistics of a Ray Dataset, from per-block partials (data/partials.py): one task-pool
-    pass per step instead of one hash-shuffle aggregation per column and statistic."""
-
-    def __init__(self, ds):
-        self.raw = ds.materialize()
-        self.view = self.raw
-
-    def numeric(self, names: tuple[str, ...], cols: list[str]) -> dict[str, dict[str, float | None]]:
-        return partials.numeric_stats(self.view, names, cols)
-
-    def unique(self, col):
-        return partials.distinct_values(self.view, col)
-
-    def value_counts(self, col):
-        return partials.value_counts(self.view, col)
-
-    def after(self, compiled: CompiledTransform) -> None:
-        self.view = self.raw.map_batches(_Intermediate(compiled), batch_format="pandas").materialize()
-
-
-class _FrameStats:
-    """The same statistics of a pandas frame (unit tests, small local data)."""
-
-    def __init__(self, frame: pd.DataFrame):
-        self.raw = frame
-        self.frame = frame
-
-    def numeric(self, names: tuple[str, ...], cols: list[str]) -> dict[str, dict[str, float | None]]:
-        return partials.combine_numeric([partials.moments_of(cols, keep_values="median" in names)(self.frame)], names, cols)
-
-    def unique(self, col):
-        return [v for v in self.frame[col].dropna().unique()]
-
-    def value_counts(self, col):
-        return list(self.frame[col].dropna().value_counts().items())
-
-    def after(self, compiled: CompiledTransform) -> None:
-        self.frame = compiled.intermediate_frame(self.raw)
-
-
 def fit_preprocessing(train, features: list[FeatureInfo], label: LabelInfo, steps_spec: list) -> FittedPreprocessing:
-    """Fit each step, in order, on the train split only (a Ray Dataset or a pandas frame)."""
+    """Fit each step, in order, on the train split only.
+
+    `train`: the train split's statistics from the data stage's one pass (data/profile.py's
+    TrainStats), or the rows themselves (a Ray Dataset or a pandas frame), summarised here in
+    one pass. Each step is fitted on its columns as the earlier steps leave them: a fitted step
+    moves the statistics past itself (`Step.advance_stats`), without another pass over the rows.
+    """
+    from rayline.data.profile import ProfileRequest, TrainStats, profile_dataset, profile_frame
+
     fitted = FittedPreprocessing(features=[FeatureInfo(**asdict(f)) for f in features], label=label)
     names = [f.name for f in fitted.features]
     kinds = {f.name: f.kind for f in fitted.features}
@@ -202,15 +165,22 @@ def fit_preprocessing(train, features: list[FeatureInfo], label: LabelInfo, step
         raise DataError("\n".join(problems))
     plan = ColumnPlan.of(names, kinds, steps_spec)
     by_name = {f.name: f for f in fitted.features}
-    stats = _FrameStats(train[names].copy()) if isinstance(train, pd.DataFrame) else _DatasetStats(train.select_columns(names))
+    if isinstance(train, TrainStats):
+        stats = train
+    else:
+        request = ProfileRequest.for_steps(None, names, kinds, [steps_spec])
+        if isinstance(train, pd.DataFrame):
+            stats = profile_frame(train[names], request).train_stats()
+        else:
+            stats = profile_dataset(train.select_columns(names), request).train_stats()
 
     steps: list[Step] = []
     for index, step_model in enumerate(steps_spec):
         (kind,) = type(step_model).model_fields
         params = getattr(step_model, kind)
-        if steps:
-            stats.after(CompiledTransform(fitted.features, steps, categorical=set(plan.categorical)))
-        step = STEPS[kind].fit(f"data.preprocess[{index}].{kind}", params, plan.resolve(params.columns), stats)
+        stats.where = f"data.preprocess[{index}].{kind}"
+        step = STEPS[kind].fit(stats.where, params, plan.resolve(params.columns), stats)
+        stats.apply(step)
         steps.append(step)
         if kind == "impute":
             for col in step.columns:

@@ -41,6 +41,9 @@ def check_spec_against_data(spec) -> list[str]:
     label = spec.data.label
     if label not in columns:
         problems.append(f"data.label: no such column in the data (got {label!r}; allowed: {allowed})")
+    key = spec.data.split.key
+    if key is not None and key not in columns:
+        problems.append(f"data.split.key: no such column in the data (got {key!r}; allowed: {allowed})")
     features = spec.data.features or [c for c in columns if c != label]
     for i, col in enumerate(spec.data.features or []):
         if col not in columns:

@@ -36,6 +36,7 @@ __all__ = [
     "StandardScale",
     "MinMaxScale",
     "check_steps",
+    "kind_and_params",
     "step_from_state",
     "value_key",
     "value_rank",
@@ -86,7 +87,7 @@ class ColumnPlan:
     @classmethod
     def of(cls, features: list[str], kinds: dict[str, str], steps_spec: list) -> "ColumnPlan":
         plan = cls(features=list(features), kinds=dict(kinds))
-        for index, (kind, params) in enumerate(_kind_and_params(s) for s in steps_spec):
+        for index, (kind, params) in enumerate(kind_and_params(s) for s in steps_spec):
             if kind == OneHot.kind:
                 for col in params.columns:
                     plan.categorical.setdefault(col, index)
@@ -100,7 +101,7 @@ class ColumnPlan:
         return self.numeric() if columns == "numeric" else list(columns)
 
 
-def _kind_and_params(step_model) -> tuple[str, StepParams]:
+def kind_and_params(step_model) -> tuple[str, StepParams]:
     """('impute', ImputeParams(...)) from a validated spec step such as ImputeStep(impute=...)."""
     (kind,) = type(step_model).model_fields
     return kind, getattr(step_model, kind)
@@ -112,7 +113,7 @@ def check_steps(features: list[str], kinds: dict[str, str], steps_spec: list) ->
     problems: list[str] = []
     allowed = ", ".join(map(str, features[:20])) + (", ..." if len(features) > 20 else "")
     for index, step_model in enumerate(steps_spec):
-        kind, params = _kind_and_params(step_model)
+        kind, params = kind_and_params(step_model)
         cls = STEPS[kind]
         where = f"data.preprocess[{index}].{kind}"
         columns = plan.resolve(params.columns)
@@ -186,6 +187,10 @@ class Step(ABC):
     @abstractmethod
     def compile(self, layout) -> list:
         """Vectorised operations (data/compiled.py) applying this step to a `Batch` laid out as `layout`."""
+
+    def advance_stats(self, stats) -> None:
+        """Tell the train split's statistics (data/profile.py's TrainStats) what this fitted step
+        does to its columns, so the next step is fitted on them as this one leaves them."""
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, **self.state()}
@@ -277,6 +282,10 @@ class Impute(Step):
 
     def state(self):
         return {"fill": self.fill}
+
+    def advance_stats(self, stats):
+        for col, value in self.fill.items():
+            stats.columns[col].fill(value)
 
     @classmethod
     def from_state(cls, state):
@@ -393,6 +402,11 @@ class _Affine(Step):
 
     def offset_and_span(self, col: str) -> tuple[float, float]:
         raise NotImplementedError
+
+    def advance_stats(self, stats):
+        for col in self.stats:
+            offset, span = self.offset_and_span(col)
+            stats.columns[col].affine(1.0 / span, -offset / span)
 
     def state(self):
         return {"stats": self.stats}

@@ -72,6 +72,10 @@ class SourceSpec(_Strict):
     path: Optional[str] = Field(
         None, description="File, directory, glob or URI (s3://, gs://); relative to the spec file."
     )
+    fingerprint: Literal["stat", "content"] = Field(
+        "stat", description="How rayline tells whether the data changed (resume refuses changed data): stat, each "
+                            "file's path, size and modification time (cheap at any size); content, a SHA-256 of "
+                            "every byte of local files (reads them all once per run).")
 
     @model_validator(mode="after")
     def _source_fields(self):
@@ -93,6 +97,9 @@ class SplitSpec(_Strict):
     valid: float = Field(0.2, gt=0, lt=1, description="Fraction of rows for validation (metric, early stopping).")
     test: float = Field(0.1, ge=0, lt=1, description="Fraction of rows held out for final test metrics.")
     seed: int = Field(0, description="Seed of the deterministic split.")
+    key: Optional[str] = Field(
+        None, description="A column that identifies each row (an id): the split hashes it with the seed. "
+                          "Default: the row's values (every column the spec reads), so duplicate rows share a split.")
 
     @model_validator(mode="after")
     def _fractions(self):

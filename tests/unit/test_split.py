@@ -1,0 +1,68 @@
+"""The split by row hash: a function of the seed and the row alone."""
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from rayline.data.split import HASH_COLUMN, TEST, TRAIN, VALID, AddRowHash, Thresholds, row_hashes
+
+
+def _frame(n=1000, seed=0):
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"id": np.arange(n), "x": rng.normal(size=n).round(3), "n": rng.integers(0, 9, n),
+                         "s": rng.choice(["a", "b", "c"], n), "y": rng.integers(0, 2, n)})
+
+
+def test_a_rows_hash_does_not_depend_on_the_types_a_reader_inferred():
+    frame = _frame()
+    cols = ["x", "n", "s", "y"]
+    other = frame.copy()
+    other["n"] = other["n"].astype("float64")  # a file or block where the column had a gap
+    other["s"] = other["s"].astype(object)
+    other["y"] = other["y"].astype("int32")
+    assert (row_hashes(frame, cols, 7) == row_hashes(other, cols, 7)).all()
+
+
+def test_a_rows_hash_does_not_depend_on_its_block():
+    frame = _frame()
+    cols = ["x", "n", "s", "y"]
+    whole = row_hashes(frame, cols, 7)
+    parts = np.concatenate([row_hashes(frame.iloc[a:b], cols, 7) for a, b in ((0, 1), (1, 400), (400, 1000))])
+    assert (whole == parts).all()
+    shuffled = frame.sample(frac=1.0, random_state=1)
+    assert (row_hashes(shuffled, cols, 7) == whole[shuffled.index.to_numpy()]).all()
+
+
+def test_the_seed_changes_the_split_and_the_key_alone_decides_it():
+    frame = _frame()
+    assert (row_hashes(frame, ["id"], 1) != row_hashes(frame, ["id"], 2)).mean() > 0.99
+    changed = frame.assign(x=0.0, s="z")
+    assert (row_hashes(frame, ["id"], 1) == row_hashes(changed, ["id"], 1)).all()
+    assert (row_hashes(frame, ["id", "x"], 1) != row_hashes(changed, ["id", "x"], 1)).mean() > 0.99
+
+
+def test_thresholds_partition_the_rows_in_the_asked_proportions():
+    hashes = row_hashes(pd.DataFrame({"id": np.arange(100_000)}), ["id"], 0)
+    thresholds = Thresholds(0.2, 0.1)
+    masks = {s: thresholds.mask(hashes, s) for s in (TRAIN, VALID, TEST)}
+    assert (sum(m.astype(int) for m in masks.values()) == 1).all()  # every row in exactly one split
+    counts = thresholds.counts(hashes)
+    assert counts == {s: int(m.sum()) for s, m in masks.items()}
+    for split, fraction in ((VALID, 0.2), (TEST, 0.1), (TRAIN, 0.7)):
+        sigma = (100_000 * fraction * (1 - fraction)) ** 0.5
+        assert abs(counts[split] - 100_000 * fraction) < 5 * sigma, (split, counts)
+
+
+def test_the_arrow_callable_appends_the_hash_and_keeps_the_other_columns_as_they_were():
+    frame = _frame(50)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    out = AddRowHash(["id"], 3)(table)
+    assert out.column_names == table.column_names + [HASH_COLUMN]
+    assert out.select(table.column_names).equals(table)
+    assert (out.column(HASH_COLUMN).to_numpy() == row_hashes(frame, ["id"], 3)).all()
+
+
+@pytest.mark.parametrize("seed", [0, 123, -5, 10**17])
+def test_any_int_seed_gives_a_valid_hash_key(seed):
+    assert len(row_hashes(_frame(10), ["id"], seed)) == 10
