@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import pandas as pd
@@ -28,6 +30,8 @@ __all__ = ["PreparedData", "prepare_data", "prepare_variants", "to_training_batc
 # predicts at every checkpoint and registration checks the artifact against. Bounded on purpose.
 PROBE_ROWS = 256
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class PreparedData:
@@ -46,10 +50,27 @@ class PreparedData:
     # through Ray Data as the training data. Bounded, whatever the size of the data.
     probe: object = None  # ray.data.Dataset, materialized, one block
     probe_frame: pd.DataFrame | None = None
+    phases: dict | None = None  # seconds per phase of the data stage (read, profile, fit, transform, ...)
 
     @property
     def task(self) -> str:
         return self.preprocessing.label.task
+
+
+class _Phases:
+    """Seconds spent in each phase of the data stage (summed over variants), for the log and benchmarks."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def done(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
 
 
 class _ToTrainingBatch:
@@ -87,6 +108,7 @@ def prepare_variants(spec, variants: list) -> list[PreparedData]:
     steps; each variant is fitted from those statistics on the driver and transforms each split
     in one pass of whole blocks.
     """
+    phases = _Phases()
     source = spec.data.source
     ds = read_dataset(source)
     try:
@@ -116,7 +138,9 @@ def prepare_variants(spec, variants: list) -> list[PreparedData]:
         # Kept in the object store (spilled to disk beyond it): the profile pass and each split's
         # transform read it there instead of parsing the files again.
         hashed = hashed.materialize()
+        phases.done("read")
         profile = profile_dataset(hashed, request)
+        phases.done("profile")
     except Exception as exc:  # a bad later file or block: Ray's remote traceback -> our one line
         raise unwrap_data_error(exc, source) from exc
 
@@ -149,11 +173,17 @@ def prepare_variants(spec, variants: list) -> list[PreparedData]:
     features = [FeatureInfo(name=c, kind=kinds[c]) for c in names]
     probe_frame = None if profile.probe is None else profile.probe.drop(columns=[HASH_COLUMN])
     test_frame = _raw_rows(hashed, TEST if split.test > 0 else VALID, split, names + [label])
+    phases.done("test rows")
     data_fingerprint = fingerprint(source)
     prepared = []
     for variant in variants:
         fitted = fit_preprocessing(profile.train_stats(), features, label_info, variant.data.preprocess)
+        phases.done("fit")
         prepared.append(_transformed(hashed, split, fitted, test_frame, data_fingerprint, probe_frame, profile.rows))
+        phases.done("transform")
+    for data in prepared:
+        data.phases = dict(phases.seconds)
+    log.info("data stage: %s", phases)
     return prepared
 
 

@@ -53,7 +53,7 @@ def row_hashes(frame: pd.DataFrame, columns: list[str], seed: int) -> np.ndarray
     pandas hashes each column (its hash of numbers ignores the hash key, so the seed is mixed
     in afterwards) and combines the columns' hashes per row."""
     keyed = pd.DataFrame({c: _canonical(frame[c]) for c in columns})
-    hashes = pd.util.hash_pandas_object(keyed, index=False, categorize=False).to_numpy(dtype=np.uint64)
+    hashes = pd.util.hash_pandas_object(keyed, index=False, categorize=True).to_numpy(dtype=np.uint64)
     salt = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]
     with np.errstate(over="ignore"):
         return _mix(hashes ^ salt)

@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Iterator
 
 from rayline.workspace import owned_tempdir, sweep_orphans
 
-__all__ = ["with_last", "Throughput", "TRAINING_STATS", "EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays",
+__all__ = ["with_last", "Throughput", "TRAINING_STATS", "EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays", "shard_batches",
            "sha256_of"]
 
 STATE_FILE = "rayline_state.json"
@@ -78,17 +78,26 @@ class Throughput:
         return {"samples_per_s": per_worker * world_size, "samples_per_s_per_worker": per_worker, "lr": float(lr)}
 
 
+def shard_batches(shard, num_features: int, label_dtype) -> list:
+    """The rows of a Ray Train dataset shard as batches in memory: [(features float32 (n, d), labels)]."""
+    import numpy as np
+
+    out = []
+    for batch in shard.iter_batches(batch_size=65536, batch_format="numpy"):
+        n = len(batch["label"])
+        out.append((np.asarray(batch["features"], dtype=np.float32).reshape(n, num_features),
+                    np.asarray(batch["label"], dtype=label_dtype)))
+    return out
+
+
 def shard_arrays(shard, num_features: int, label_dtype):
     """All rows of a Ray Train dataset shard in memory: (features float32 (n, d), labels)."""
     import numpy as np
 
-    features, labels = [], []
-    for batch in shard.iter_batches(batch_size=65536, batch_format="numpy"):
-        features.append(np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), -1))
-        labels.append(np.asarray(batch["label"], dtype=label_dtype))
-    if not features:
+    batches = shard_batches(shard, num_features, label_dtype)
+    if not batches:
         return np.zeros((0, num_features), np.float32), np.zeros((0,), label_dtype)
-    return np.concatenate(features), np.concatenate(labels)
+    return np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches])
 
 
 def sha256_of(chunks: Iterable[bytes]) -> str:
