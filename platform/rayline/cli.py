@@ -114,7 +114,9 @@ def run(
     from rayline.spec import load_spec, parse_set_options
 
     spec = load_spec(spec_path, overrides=parse_set_options(set_))
-    ws = _ws(workspace)
+    # A read-only or unwritable workspace is one line now, not after Ray has started (the runner
+    # asks again: it is the library's entry too).
+    ws = _ws(workspace).ensure()
     from rayline.cluster import connect
 
     with console.status("connecting to Ray..."):
@@ -196,6 +198,8 @@ def _run_with_progress(spec, ws, spec_path, deploy, host, port, **options):
             if event == "start":
                 started[stage] = time.monotonic()
                 console.print(f"{stage}: started {detail}".rstrip())
+            elif event == "progress":
+                console.print(f"{stage}: {detail}")
             else:
                 took = time.monotonic() - started.get(stage, time.monotonic())
                 console.print(f"{stage}: done in {took:.1f} s: {detail}".rstrip(": "))
@@ -214,6 +218,8 @@ def _run_with_progress(spec, ws, spec_path, deploy, host, port, **options):
             if event == "start":
                 progress.start_task(task)
                 progress.update(task, description=f"{stage} {detail}")
+            elif event == "progress":
+                progress.update(task, description=f"{stage}: {detail}")
             else:
                 progress.update(task, completed=1, description=f"✓ {stage} {detail}")
                 progress.stop_task(task)
@@ -552,7 +558,17 @@ def cluster_status(workspace: Optional[Path] = WorkspaceOpt) -> None:
 
     info = status(_ws(workspace))
     if not info["alive"]:
-        console.print("no local Ray head is running" + (f" (recorded {info['address']} is unreachable)" if info["address"] else ""))
+        if info.get("unreachable"):  # recorded, and nothing answers there now: what was seen, what to do
+            console.print(f"no local Ray head is running: the head recorded at {info['address']} does not answer "
+                          f"({info['unreachable']}); `rayline cluster up` starts it again (it replaces a head that "
+                          "died), or check what holds that port on this machine", soft_wrap=True)
+        elif info["address"]:  # its GCS answered, `ray status` did not report a running cluster
+            said = (info.get("detail") or "").strip().splitlines()
+            console.print(f"no local Ray head is running: `ray status --address={info['address']}` reported none"
+                          f"{' (' + said[-1][:200] + ')' if said else ''}; `rayline cluster down`, then `rayline "
+                          "cluster up`, starts it again", soft_wrap=True)
+        else:
+            console.print("no local Ray head is running (start one with `rayline cluster up`)")
         raise typer.Exit(1)
     console.print(f"Ray head at {info['address']}\n{info.get('detail', '')}")
 

@@ -55,6 +55,12 @@ def quiet_ray() -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    # With its bars off, Ray Data says so once per process as a WARNING on the terminal ("Progress
+    # bars disabled. To enable, set ..."): advice for Ray Data's users, not rayline's, whose data
+    # stage prints its own progress lines.
+    import logging
+
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
 
 
 # Ray Train V2's controller collects each worker's report when it polls, every 2 s by
@@ -282,12 +288,12 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
     if ray.is_initialized():
         return Connection(address=None, embedded=False, owned=False)
     quiet_ray()
-    if not verbose:
-        quiet_driver_logs()
     recorded = _recorded_head(ws)
     address = address or os.environ.get("RAY_ADDRESS") or recorded
     if address:
         _match_cluster_auth(address)  # fails fast, one line, when nothing answers there
+    if not verbose:
+        quiet_driver_logs()  # after the probe: its imports (Ray Data, Serve: ~0.5 s) wait for an address that answers
     try:
         if address:
             if address == recorded and (_read_record(ws) or {}).get("loopback"):
@@ -615,7 +621,7 @@ def cluster_status(ws: Workspace) -> dict:
     # Not running. A head that answers but refuses this client's token is another ClusterError,
     # left to reach the CLI: it is running, and the user must be told why it refuses.
     except ClusterUnreachable as exc:
-        return {"alive": False, "address": address, "detail": str(exc),
+        return {"alive": False, "address": address, "detail": str(exc), "unreachable": exc.why or "no answer",
                 **{k: info[k] for k in ("host", "loopback", "token_auth", "client_port") if k in info}}
     env = {**os.environ, **(_loopback_env() if info.get("loopback") else {})}
     env.setdefault("RAY_AUTH_MODE", "token" if answer.token_required else "disabled")

@@ -295,7 +295,8 @@ def run_pipeline(
     try:
         from rayline.spec import apply_overrides as _with
 
-        prepared = prepare_variants(spec, [_with(spec, v) if v else spec for v in variants])
+        prepared = prepare_variants(spec, [_with(spec, v) if v else spec for v in variants],
+                                    progress=lambda detail: on_stage("data", "progress", detail))
         data = prepared[0]
     except KeyboardInterrupt as exc:
         raise InterruptedRun("interrupted while preparing data: nothing was trained or registered") from exc

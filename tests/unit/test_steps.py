@@ -88,6 +88,26 @@ def test_records_and_frames_give_identical_matrices_for_every_step():
     assert sum(isinstance(op, AffineOp) for op in fitted.compiled.ops) == 1
 
 
+@pytest.mark.parametrize("copies", [1, 30])  # 3 rows: a Python lookup per value; 90: pandas' vectorised one
+def test_frames_as_readers_give_them_equal_records_on_both_lookup_paths(copies):
+    """Arrow-backed `str` columns, integer categories read as floats with gaps, a shifted index:
+    the frame path (training, batch scoring) gives the request path's matrix and labels."""
+    fitted = _fit(*EVERY_STEP[:4], {"one_hot": {"columns": ["region"]}}, *EVERY_STEP[5:])
+    rows = ROWS * copies
+    frame = pd.DataFrame(rows, index=range(1000, 1000 + len(rows)))
+    frame["plan"] = frame["plan"].astype("str")
+    frame["region"] = frame["region"].astype("str")
+    frame["seats"] = frame["seats"].astype("float64")
+    assert np.array_equal(fitted.transform(frame), fitted.encode_records(json.loads(json.dumps(rows))))
+    labels = pd.Series(["yes", "no", "yes"] * copies, index=frame.index, dtype="str")
+    assert fitted.encode_labels(labels).tolist() == [1, 0, 1] * copies
+    with pytest.raises(DataError, match=r"data.label: value 'maybe' is not a known class"):
+        fitted.encode_labels(pd.Series(["yes"] * (len(rows) - 1) + ["maybe"], index=frame.index))
+    strict = _fit(*EVERY_STEP)
+    with pytest.raises(DataError, match=r"region: category not seen in training \(got 'asia'; allowed: eu, us\)$"):
+        strict.transform(frame.assign(region=["eu"] * (len(rows) - 1) + ["asia"]))
+
+
 def test_fused_affine_steps_equal_applying_them_one_after_another():
     fitted = _fit({"standard_scale": {"columns": ["age", "fee"]}}, {"min_max_scale": {"columns": ["fee"]}},
                   {"impute": {"columns": ["age"]}}, {"one_hot": {"columns": ["plan", "seats", "region"]}},

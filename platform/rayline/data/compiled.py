@@ -38,7 +38,7 @@ class Batch:
     def __init__(self, num: np.ndarray, cat: dict[str, np.ndarray], where: Callable[[int], str],
                  raw: Callable[[int, str], object] | None = None):
         self.num = num
-        self.cat = cat
+        self.cat = cat  # object arrays (requests), or pandas columns (frames)
         self.hot: dict[str, np.ndarray] = {}
         self.where = where  # row index -> error prefix: "instances[3]." for requests, "" for data
         self.raw = raw  # (row, feature) -> the request's value, to echo one offending value in an error
@@ -100,7 +100,15 @@ class FillCategoryOp:
 
     def __call__(self, batch: Batch) -> None:
         values = batch.cat[self.column]
-        values[_missing(values)] = self.value
+        if isinstance(values, np.ndarray):
+            values[_missing(values)] = self.value
+            return
+        missing = values.isna()  # a pandas column (batch_from_frame): filled in a copy, the caller's frame untouched
+        if missing.any():
+            try:
+                batch.cat[self.column] = values.fillna(self.value)
+            except (TypeError, ValueError):  # a value the column's dtype cannot hold (a number in a `str` column)
+                batch.cat[self.column] = values.astype(object).where(~missing, self.value)
 
 
 class OneHotOp:
@@ -124,12 +132,17 @@ class OneHotOp:
             row = int(np.flatnonzero(codes == -1)[0])
             raise DataError(
                 f"{batch.where(row)}{self.column}: category not seen in training "
-                f"(got {batch.cat[self.column][row]!r}; allowed: {', '.join(map(str, self.categories))})"
+                f"(got {_at(batch.cat[self.column], row)!r}; allowed: {', '.join(map(str, self.categories))})"
             )
         block = np.zeros((len(batch), len(self.categories)), np.float32)
         rows = np.flatnonzero(codes >= 0)
         block[rows, codes[rows]] = 1.0
         batch.hot[self.column] = block
+
+
+def _at(values, row: int):
+    """The row-th value of an object array or a pandas column (by position, whatever its index)."""
+    return values[row] if isinstance(values, np.ndarray) else values.iloc[row]
 
 
 def _missing(values: np.ndarray) -> np.ndarray:
@@ -162,8 +175,12 @@ def category_codes(values: np.ndarray, index: dict, lookup) -> np.ndarray:
     n = len(values)
     if lookup is None or n < _VECTORISE_FROM:
         return np.fromiter((-2 if is_missing(v) else index.get(value_key(v), -1) for v in values), np.int64, n)
-    missing = _missing(values)
-    codes = np.asarray(lookup.get_indexer(np.asarray(values, dtype=object)), dtype=np.int64)
+    if isinstance(values, np.ndarray):
+        missing = _missing(values)
+        codes = np.asarray(lookup.get_indexer(np.asarray(values, dtype=object)), dtype=np.int64)
+    else:  # a pandas column: looked up in its own dtype (3x faster than through an object array)
+        missing = values.isna().to_numpy()
+        codes = np.asarray(lookup.get_indexer(values), dtype=np.int64)
     codes[missing] = -2
     return codes
 
@@ -261,7 +278,8 @@ class CompiledTransform:
         except (TypeError, ValueError) as exc:
             bad = [c for c in numeric if not _is_numeric_column(frame[c])]
             raise DataError(f"data: feature columns {bad} hold values that are not numbers (allowed: numeric columns, or one_hot them)") from exc
-        cat = {col: frame[col].to_numpy(dtype=object, copy=True) for col in self.layout.categorical}
+        # Categorical columns stay pandas columns: the steps read them vectorised in their own dtype.
+        cat = {col: frame[col] for col in self.layout.categorical}
         return Batch(num, cat, lambda i: "")
 
     # ------------------------------------------------------------ running

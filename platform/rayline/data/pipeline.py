@@ -58,16 +58,22 @@ class PreparedData:
 
 
 class _Phases:
-    """Seconds spent in each phase of the data stage (summed over variants), for the log and benchmarks."""
+    """Seconds spent in each phase of the data stage (summed over variants), for the log, the
+    progress line and benchmarks."""
 
-    def __init__(self):
+    def __init__(self, progress=None):
         self.seconds: dict[str, float] = {}
+        self.progress = progress
         self._last = time.monotonic()
 
-    def done(self, phase: str) -> None:
+    def done(self, phase: str, text: str | None = None, rows: int | None = None) -> None:
         now = time.monotonic()
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        took = now - self._last
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + took
         self._last = now
+        if text and self.progress is not None:
+            rate = f", {rows / took:,.0f} rows/s" if rows and took > 0 else ""
+            self.progress(f"{text} in {took:.1f} s{rate}")
 
     def __str__(self) -> str:
         return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
@@ -95,7 +101,7 @@ def prepare_data(spec) -> PreparedData:
     return prepare_variants(spec, [spec])[0]
 
 
-def prepare_variants(spec, variants: list) -> list[PreparedData]:
+def prepare_variants(spec, variants: list, progress=None) -> list[PreparedData]:
     """The data stage once per preprocessing variant: read and split once, fit and transform each.
 
     `variants`: specs equal to `spec` but for `data.preprocess` (a whole-pipeline sweep's
@@ -106,9 +112,9 @@ def prepare_variants(spec, variants: list) -> list[PreparedData]:
     (data/split.py), and kept in Ray's object store; one pass (data/profile.py) then gathers the
     label's classes, the split sizes, the probe rows and every statistic of every variant's
     steps; each variant is fitted from those statistics on the driver and transforms each split
-    in one pass of whole blocks.
+    in one pass of whole blocks. `progress(text)` hears of each phase as it ends.
     """
-    phases = _Phases()
+    phases = _Phases(progress)
     source = spec.data.source
     ds = read_dataset(source)
     try:
@@ -138,9 +144,11 @@ def prepare_variants(spec, variants: list) -> list[PreparedData]:
         # Kept in the object store (spilled to disk beyond it): the profile pass and each split's
         # transform read it there instead of parsing the files again.
         hashed = hashed.materialize()
-        phases.done("read")
+        phases.done("read", f"read and hashed {hashed.num_blocks()} blocks")
         profile = profile_dataset(hashed, request)
-        phases.done("profile")
+        total = sum(profile.rows.values())
+        phases.done("profile", f"profiled {total:,} rows (train/valid/test {profile.rows[TRAIN]:,}/"
+                               f"{profile.rows[VALID]:,}/{profile.rows[TEST]:,})", rows=total)
     except Exception as exc:  # a bad later file or block: Ray's remote traceback -> our one line
         raise unwrap_data_error(exc, source) from exc
 
@@ -180,7 +188,9 @@ def prepare_variants(spec, variants: list) -> list[PreparedData]:
         fitted = fit_preprocessing(profile.train_stats(), features, label_info, variant.data.preprocess)
         phases.done("fit")
         prepared.append(_transformed(hashed, split, fitted, test_frame, data_fingerprint, probe_frame, profile.rows))
-        phases.done("transform")
+        which = f" {len(prepared)}/{len(variants)}" if len(variants) > 1 else ""
+        phases.done("transform", f"transformed{which} {total:,} rows to {len(fitted.output_columns)} features",
+                    rows=total)
     for data in prepared:
         data.phases = dict(phases.seconds)
     log.info("data stage: %s", phases)

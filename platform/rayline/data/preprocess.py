@@ -85,10 +85,9 @@ class FittedPreprocessing:
         if self.label.task == "regression":
             return values.to_numpy(dtype=np.float32)
         index = {value_key(c): i for i, c in enumerate(self.label.classes)}
-        raw = values.to_numpy(dtype=object)
-        codes = category_codes(raw, index, self._class_lookup)
+        codes = category_codes(values, index, self._class_lookup)
         if (codes < 0).any():
-            bad = raw[int(np.flatnonzero(codes < 0)[0])]
+            bad = values.iloc[int(np.flatnonzero(codes < 0)[0])]
             raise DataError(f"data.label: value {bad!r} is not a known class ({self.label.classes})")
         return codes
 
