@@ -83,11 +83,15 @@ def split_address(address: str) -> tuple[str, int]:
 class ClusterUnreachable(ClusterError):
     """Nothing answers as a Ray head at the address (as opposed to a head that refuses this client)."""
 
+    why: str = ""  # what was seen there: "Connection refused", "no TCP answer within 6 s", ...
+
 
 def _refused(address: str, why: str) -> ClusterUnreachable:
     from rayline.redact import redact_uri
 
-    return ClusterUnreachable(f"no Ray cluster answers at {redact_uri(address)} ({why}; {_WHAT_TO_CHECK})")
+    exc = ClusterUnreachable(f"no Ray cluster answers at {redact_uri(address)} ({why}; {_WHAT_TO_CHECK})")
+    exc.why = why
+    return exc
 
 
 def _check_alive(channel, metadata, timeout_s: float):
