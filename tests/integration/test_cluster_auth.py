@@ -103,8 +103,10 @@ def test_run_with_address_trains_and_registers(cluster):
 def test_jobs_api_gets_the_token_only_where_required(cluster):
     """Without token auth: `rayline submit --follow` (the driver in a job on the head, the client on
     the Jobs API only, no token sent) trains and registers. With it: the client's token file reaches
-    the Jobs API (`jobs list` answers; a client without one is refused, below). A whole submit to a
-    token head is test_submit.py's; here it cost the suite ~70 s twice over."""
+    the Jobs API (`jobs list` answers; a client without one is refused, below). The whole submit to a
+    token head, with the client's token from ~/.ray/auth_token and no RAY_AUTH_* variable, is
+    test_submit.py's (its job's driver runs on the head with the cluster's own token, as here); a
+    second one here cost the suite ~70 s."""
     if cluster["mode"] == "token":
         jobs, _ = _client(cluster, "jobs", "list", "--address", cluster["cluster"].dashboard, timeout=120)
         assert jobs.returncode == 0 and "error" not in jobs.stderr, jobs.stdout + jobs.stderr

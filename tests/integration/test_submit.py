@@ -97,8 +97,21 @@ def head(tmp_path_factory):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _run(head, *args, env=None, timeout=300):
-    proc = _cli(head["ws"], *args, env={**head["env"], **(env or {})}, timeout=timeout)
+def _run(head, *args, env=None, unset=(), timeout=300):
+    """The CLI with the head's settings (`env` on top); `unset`: variables it must not see at all."""
+    if unset:
+        import subprocess
+        import sys
+
+        from .conftest import ROOT
+
+        full = {**os.environ, "RAYLINE_WORKSPACE": str(head["ws"]), **head["env"], **(env or {})}
+        for key in (*unset, "RAY_ADDRESS"):
+            full.pop(key, None)
+        proc = subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                              env=full, timeout=timeout)
+    else:
+        proc = _cli(head["ws"], *args, env={**head["env"], **(env or {})}, timeout=timeout)
     head["outputs"].append(proc.stdout + proc.stderr)
     return proc
 
@@ -113,9 +126,15 @@ def _job_id(stdout):
     return stdout.split("submitted job ", 1)[1].split()[0]
 
 
-def test_submit_follow_runs_the_pipeline_and_jobs_show_it(head):
+def test_submit_follow_runs_the_pipeline_and_jobs_show_it(head, tmp_path):
+    # The client's token comes from a token FILE, as for a user after `ray start` or `ray get-auth-token`
+    # (~/.ray/auth_token), with no RAY_AUTH_* variable set: rayline finds the head requires one and
+    # sends it (the two-node token cluster of test_cluster_auth.py covers `run --address` that way).
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text(head["token"] + "\n")
     start = time.monotonic()
-    proc = _run(head, "submit", str(head["project"] / "iris.yaml"), f"--port={_SERVE}", "--follow")
+    proc = _run(head, "submit", str(head["project"] / "iris.yaml"), f"--port={_SERVE}", "--follow",
+                env={"HOME": str(tmp_path)}, unset=("RAY_AUTH_TOKEN", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"))
     took = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     out = proc.stdout
