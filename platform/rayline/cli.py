@@ -32,6 +32,9 @@ cluster_app = typer.Typer(help="A local Ray head on this machine that outlives t
 app.add_typer(cluster_app, name="cluster")
 serve_app = typer.Typer(help="Models served by Ray Serve on the connected cluster.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
+cache_app = typer.Typer(help="The workspace's data cache: data stages kept to be read back, not recomputed.",
+                        no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
 jobs_app = typer.Typer(help="Ray Jobs on a cluster, through its Jobs API (the dashboard's address).", no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
 
@@ -55,6 +58,8 @@ NoServeOpt = typer.Option(False, "--no-serve", help="Train and register only.")
 ExitAfterDeployOpt = typer.Option(False, "--exit-after-deploy",
                                   help="With an embedded Ray, stop after deploying instead of serving until Ctrl-C.")
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show Ray's own logs.")
+NoCacheOpt = typer.Option(False, "--no-cache", help="Recompute the data stage instead of reading it from the "
+                          "workspace's data cache (`rayline cache list`); the result is stored anew.")
 IngressOpt = typer.Option(None, "--ingress", help="Serve ingress of an embedded Ray: haproxy (default; "
                           "or RAYLINE_SERVE_INGRESS) or proxy (Ray's Python proxy).")
 
@@ -104,6 +109,7 @@ def run(
     ingress: Optional[str] = IngressOpt,
     set_: List[str] = typer.Option([], "--set", metavar="PATH=VALUE",
                                    help="Override a spec key, e.g. --set train.epochs=2 --set tune.num_samples=2 (VALUE is YAML)."),
+    no_cache: bool = NoCacheOpt,
     resume: bool = typer.Option(False, "--resume", help="Continue this spec's newest interrupted run in the workspace "
                                 "(Ctrl-C, or a driver that was killed; same spec and --set options): finished trials "
                                 "are kept, the rest continue. See also `rayline resume RUN_ID`."),
@@ -124,7 +130,7 @@ def run(
     # Ctrl-C's message repeats this very command (same spec, workspace and --set options) with --resume.
     again = ["rayline", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"])
     _run_and_serve(conn, spec, ws, str(spec_path), not no_serve, host, port, exit_after_deploy,
-                   resume=resume, resume_command=shlex.join(again))
+                   resume=resume, resume_command=shlex.join(again), data_cache=not no_cache)
 
 
 @app.command()
@@ -139,6 +145,7 @@ def resume(
     exit_after_deploy: bool = ExitAfterDeployOpt,
     verbose: bool = VerboseOpt,
     ingress: Optional[str] = IngressOpt,
+    no_cache: bool = NoCacheOpt,
     force: bool = typer.Option(False, "--force", help="Resume a run whose driver ran on another host (rayline cannot "
                                "check a pid there): only once you know that driver is gone. A driver alive on this "
                                "host is never overridden."),
@@ -158,7 +165,8 @@ def resume(
     with console.status("connecting to Ray..."):
         conn = connect(ws, address, verbose=verbose, ingress=ingress)
     _run_and_serve(conn, spec, ws, record.get("spec_path") or None, not no_serve, host, port, exit_after_deploy,
-                   resume=run_id, resume_command=shlex.join(["rayline", *sys.argv[1:]]), resume_force=force)
+                   resume=run_id, resume_command=shlex.join(["rayline", *sys.argv[1:]]), resume_force=force,
+                   data_cache=not no_cache)
 
 
 def _run_and_serve(conn, spec, ws, spec_path, deploy, host, port, exit_after_deploy, **options) -> None:
@@ -853,6 +861,80 @@ def _when(ms) -> str:
     import datetime
 
     return datetime.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") if ms else "-"
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
+
+
+def _duration_s(text: str) -> float:
+    """'30m', '12h', '7d' or '90s' -> seconds; SpecError naming the option otherwise."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text or "")
+    if not match:
+        raise SpecError([f"--older-than: not a duration (got {text!r}; allowed: a number and a unit s, m, h or d, "
+                         "e.g. 12h or 7d)"])
+    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+@cache_app.command("list")
+def cache_list(workspace: Optional[Path] = WorkspaceOpt,
+               output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
+    """The data cache's entries, oldest first: key, pipeline, source, rows, size, last used; and their total size."""
+    from rayline.data.cache import DataCache
+
+    if output not in ("table", "json"):
+        raise SpecError([f"--output: unknown format (got {output!r}; allowed: table, json)"])
+    ws = _ws(workspace)
+    cache = DataCache.of(ws)
+    if cache is None:
+        console.print(f"no data cache: the workspace {ws.location} is on object storage (data stages are recomputed)")
+        return
+    entries = cache.entries()
+    rows = []
+    for entry in entries:
+        meta = entry.meta
+        used = (entry.path / "meta.json").stat().st_mtime if (entry.path / "meta.json").exists() else 0
+        rows.append({"key": entry.key, "pipeline": meta.get("pipeline", "?"), "source": str(meta.get("source", "?")),
+                     "rows": sum((meta.get("rows") or {}).values()), "bytes": entry.bytes,
+                     "created": _when(entry.created * 1000), "last_used": _when(used * 1000),
+                     "broken": bool(meta.get("broken"))})
+    total = sum(r["bytes"] for r in rows)
+    if output == "json":
+        print(json.dumps({"root": str(cache.root), "entries": rows, "bytes": total}, indent=1))
+        return
+    table = Table(title=f"data cache {cache.root}", show_header=True)
+    for col in ("key", "pipeline", "source", "rows", "size", "created", "last used"):
+        table.add_column(col, justify="right" if col in ("rows", "size") else "left")
+    for r in rows:
+        table.add_row(r["key"] + (" (broken)" if r["broken"] else ""), r["pipeline"], r["source"], f"{r['rows']:,}",
+                      _mib(r["bytes"]), r["created"], r["last_used"])
+    console.print(table)
+    console.print(f"{len(rows)} entries, {_mib(total)} in all; `rayline cache prune --older-than 7d` removes "
+                  "entries not used for a week")
+
+
+@cache_app.command("prune")
+def cache_prune(workspace: Optional[Path] = WorkspaceOpt,
+                older_than: Optional[str] = typer.Option(None, "--older-than", help="Remove entries last used longer "
+                                                         "ago than this (30m, 12h, 7d); without it, every entry."),
+                ) -> None:
+    """Remove data cache entries (all, or those not used for a while); runs that need them recompute them."""
+    from rayline.data.cache import DataCache
+
+    seconds = _duration_s(older_than) if older_than is not None else None
+    ws = _ws(workspace)
+    cache = DataCache.of(ws)
+    if cache is None:
+        console.print(f"no data cache: the workspace {ws.location} is on object storage")
+        return
+    sizes = {e.key: e.bytes for e in cache.entries()}  # before: removed entries have no size after
+    removed = cache.prune(seconds)
+    left = cache.entries()
+    console.print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
+                  f"({_mib(sum(sizes.get(e.key, 0) for e in removed))}); {len(left)} left, "
+                  f"{_mib(sum(sizes.get(e.key, 0) for e in left))}")
 
 
 @jobs_app.command("list")

@@ -241,6 +241,7 @@ def run_pipeline(
     resume: bool | str = False,
     resume_command: str | None = None,
     resume_force: bool = False,
+    data_cache: bool = True,
 ) -> RunSummary:
     """Run every stage the spec names on the connected Ray cluster.
 
@@ -249,7 +250,8 @@ def run_pipeline(
     continues the newest interrupted run of this spec, or one whose driver was killed;
     `resume=RUN_ID` that pipeline run: finished trials keep their results, the others
     continue from their checkpoints); while deploying, the version stays
-    registered and the cut-off Serve app is deleted.
+    registered and the cut-off Serve app is deleted. `data_cache=False` recomputes the data
+    stage instead of reading it from the workspace's data cache (and stores it anew).
     """
     import ray
 
@@ -295,8 +297,11 @@ def run_pipeline(
     try:
         from rayline.spec import apply_overrides as _with
 
+        from rayline.data.cache import DataCache
+
         prepared = prepare_variants(spec, [_with(spec, v) if v else spec for v in variants],
-                                    progress=lambda detail: on_stage("data", "progress", detail))
+                                    progress=lambda detail: on_stage("data", "progress", detail),
+                                    cache=DataCache.of(ws, read=data_cache))
         data = prepared[0]
     except KeyboardInterrupt as exc:
         raise InterruptedRun("interrupted while preparing data: nothing was trained or registered") from exc
@@ -307,7 +312,8 @@ def run_pipeline(
     seconds["data"] = time.monotonic() - t0
     on_stage("data", "done", f"{data.rows['train']}/{data.rows['valid']}/{data.rows['test']} rows, "
              f"{len(data.preprocessing.output_columns)} features, {data.task}"
-             + (f", {len(prepared)} preprocessing variants" if len(prepared) > 1 else ""))
+             + (f", {len(prepared)} preprocessing variants" if len(prepared) > 1 else "")
+             + (f", cached ({data.cache_key})" if all(p.cached for p in prepared) else ""))
 
     concurrency = spec.tune.max_concurrent if spec.tune else 1
 
@@ -341,7 +347,7 @@ def run_pipeline(
     record = {"experiment": experiment, "spec_name": spec.name, "spec_path": spec_path or "", "spec": _training_spec(spec),
               "spec_raw": spec.model_dump(by_alias=True, exclude_none=True), "driver": driver_info(),
               "workspace": ws.location,
-              "fingerprint": data.fingerprint, "run_id": run_id, "created": (previous or {}).get("created", time.time()),
+              "fingerprint": data.fingerprint, "data_cache_keys": [p.cache_key for p in prepared], "run_id": run_id, "created": (previous or {}).get("created", time.time()),
               "status": "running", "resumed_runs": (previous or {}).get("resumed_runs", []) + ([previous["run_id"]] if previous else [])}
     _write_record(folder, record)
     try:
@@ -411,7 +417,8 @@ def run_pipeline(
                 metrics={**{f"valid_{k}": v for k, v in winner.metrics.items() if k not in _BOOKKEEPING},
                          **{f"test_{k}": v for k, v in test_metrics.items()}},
                 tags={"framework": winning_spec.model.framework, "task": data.task, "metric": metric,
-                      f"valid_{metric}": winner.metrics[metric], "data_fingerprint": data.fingerprint},
+                      f"valid_{metric}": winner.metrics[metric], "data_fingerprint": data.fingerprint,
+                      **({"data_cache_key": data.cache_key} if data.cache_key else {})},
                 input_example=data.test_frame,
             )
         finally:

@@ -113,6 +113,53 @@ def test_split_is_the_same_for_any_file_and_block_layout(churn, tmp_path):
     assert one.preprocessing.steps[0].fill["tenure"] == train["tenure"].median() != frame["tenure"].median()
 
 
+def test_data_cache_hits_unchanged_data_and_misses_on_any_change(churn, tmp_path):
+    """A re-run reads the data stage back; a touched file, another `data` key or a deleted part of an
+    entry is a miss (recomputed, stored anew), never a wrong hit; read=False (--no-cache) recomputes."""
+    import shutil
+
+    from rayline.data import prepare_variants
+    from rayline.data.cache import DataCache
+    from rayline.spec import apply_overrides
+
+    spec, _ = churn
+    data_file = tmp_path / "churn.csv"
+    shutil.copy(spec.data.source.path, data_file)
+    spec = apply_overrides(spec, {"data.source.path": str(data_file)})
+    cache = DataCache(tmp_path / "cache")
+
+    def stage(s, c=cache):
+        (data,) = prepare_variants(s, [s], cache=c)
+        return data
+
+    first = stage(spec)
+    assert not first.cached and [e.key for e in cache.entries()] == [first.cache_key]
+    again = stage(spec)
+    assert again.cached and again.cache_key == first.cache_key and "read" not in again.phases
+    assert again.rows == first.rows and again.preprocessing.to_dict() == first.preprocessing.to_dict()
+    pd.testing.assert_frame_equal(again.test_frame, first.test_frame)
+    pd.testing.assert_frame_equal(again.probe_frame, first.probe_frame)
+    for split in ("train", "valid", "test"):
+        a, b = (np.sort(np.asarray(getattr(d, split).to_pandas()["features"].tolist()), axis=0) for d in (first, again))
+        assert a.shape == b.shape and np.array_equal(a, b), split
+
+    os.utime(data_file, ns=(0, 10**9))  # the same bytes, touched: the stat fingerprint changed
+    touched = stage(spec)
+    assert not touched.cached and touched.cache_key != first.cache_key
+    reseeded = stage(apply_overrides(spec, {"data.split.seed": 7}))
+    assert not reseeded.cached and reseeded.cache_key not in (first.cache_key, touched.cache_key)
+    assert reseeded.rows != touched.rows  # another split: a hit here would have been a wrong one
+
+    entry = cache.root / touched.cache_key
+    (next((entry / "train").glob("*.parquet"))).unlink()  # a part of the entry is gone
+    recovered = stage(spec)
+    assert not recovered.cached and recovered.rows == touched.rows and stage(spec).cached
+
+    forced = stage(spec, DataCache(cache.root, read=False))
+    assert not forced.cached and stage(spec).cached
+    assert not list(cache.root.glob(".*.tmp-*"))  # no half-written entry left
+
+
 def _rounded(value):
     if isinstance(value, float):
         return round(value, 9)

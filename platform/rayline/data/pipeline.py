@@ -17,6 +17,7 @@ from rayline.data.preprocess import (
     column_kind,
     fit_preprocessing,
 )
+from rayline.data.cache import cache_key
 from rayline.data.profile import MAX_LABEL_VALUES, ProfileRequest, profile_dataset
 from rayline.data.schema_check import infer_task
 from rayline.data.split import HASH_COLUMN, TEST, TRAIN, VALID, AddRowHash, Thresholds
@@ -51,6 +52,8 @@ class PreparedData:
     probe: object = None  # ray.data.Dataset, materialized, one block
     probe_frame: pd.DataFrame | None = None
     phases: dict | None = None  # seconds per phase of the data stage (read, profile, fit, transform, ...)
+    cache_key: str | None = None  # its entry in the data cache (data/cache.py), when the run has a cache
+    cached: bool = False  # read back from the cache, not computed
 
     @property
     def task(self) -> str:
@@ -101,7 +104,7 @@ def prepare_data(spec) -> PreparedData:
     return prepare_variants(spec, [spec])[0]
 
 
-def prepare_variants(spec, variants: list, progress=None) -> list[PreparedData]:
+def prepare_variants(spec, variants: list, progress=None, cache=None) -> list[PreparedData]:
     """The data stage once per preprocessing variant: read and split once, fit and transform each.
 
     `variants`: specs equal to `spec` but for `data.preprocess` (a whole-pipeline sweep's
@@ -113,9 +116,27 @@ def prepare_variants(spec, variants: list, progress=None) -> list[PreparedData]:
     label's classes, the split sizes, the probe rows and every statistic of every variant's
     steps; each variant is fitted from those statistics on the driver and transforms each split
     in one pass of whole blocks. `progress(text)` hears of each phase as it ends.
+
+    `cache` (data/cache.py's DataCache, or None): a variant whose output is there is read back
+    instead (when every variant's is, nothing else is read); each one computed is stored.
     """
     phases = _Phases(progress)
     source = spec.data.source
+    split = spec.data.split
+    data_fingerprint = fingerprint(source)
+    keys = [cache_key(v, data_fingerprint) for v in variants] if cache is not None else [None] * len(variants)
+    hits = {}
+    for i, key in enumerate(keys):
+        loaded = cache.load(key, split.test > 0) if key is not None else None
+        if loaded is not None:
+            hits[i] = loaded
+    if hits:
+        phases.done("cache read", f"{len(hits)} of {len(variants)} variants cached ({', '.join(keys[i] for i in hits)})"
+                    if len(variants) > 1 else f"cached ({keys[0]})")
+    if len(hits) == len(variants):
+        prepared = [_from_cache(hits[i], keys[i], data_fingerprint) for i in range(len(variants))]
+        _note_phases(prepared, phases)
+        return prepared
     ds = read_dataset(source)
     try:
         schema = ds.schema()
@@ -129,7 +150,6 @@ def prepare_variants(spec, variants: list, progress=None) -> list[PreparedData]:
     missing = [c for c in names if c not in columns]
     if missing:
         raise DataError(f"data.features: no such columns in the data (got {missing}; allowed: {', '.join(columns[:20])})")
-    split = spec.data.split
     key = split.key
     if key is not None and key not in columns:
         raise DataError(f"data.split.key: no such column in the data (got {key!r}; allowed: {', '.join(columns[:20])})")
@@ -179,22 +199,47 @@ def prepare_variants(spec, variants: list, progress=None) -> list[PreparedData]:
                         f"a hash of each row, so its sizes are the fractions only on average; got valid "
                         f"{split.valid:g}, test {split.test:g}; allowed: more rows, or larger fractions)")
     features = [FeatureInfo(name=c, kind=kinds[c]) for c in names]
-    probe_frame = None if profile.probe is None else profile.probe.drop(columns=[HASH_COLUMN])
+    probe_frame = None if profile.probe is None else _read_as_pandas_would(profile.probe.drop(columns=[HASH_COLUMN]))
     test_frame = _raw_rows(hashed, TEST if split.test > 0 else VALID, split, names + [label])
     phases.done("test rows")
-    data_fingerprint = fingerprint(source)
     prepared = []
-    for variant in variants:
+    for i, variant in enumerate(variants):
+        if i in hits:
+            prepared.append(_from_cache(hits[i], keys[i], data_fingerprint))
+            continue
         fitted = fit_preprocessing(profile.train_stats(), features, label_info, variant.data.preprocess)
         phases.done("fit")
         prepared.append(_transformed(hashed, split, fitted, test_frame, data_fingerprint, probe_frame, profile.rows))
         which = f" {len(prepared)}/{len(variants)}" if len(variants) > 1 else ""
         phases.done("transform", f"transformed{which} {total:,} rows to {len(fitted.output_columns)} features",
                     rows=total)
+        if keys[i] is not None:
+            prepared[-1].cache_key = keys[i]
+            cache.store(keys[i], prepared[-1], {"pipeline": variant.name, "source": source.path or source.name,
+                                                "fingerprint": data_fingerprint, "rows": prepared[-1].rows,
+                                                "features": len(fitted.output_columns)})
+            phases.done("cache write", f"stored in the data cache ({keys[i]})")
+    _note_phases(prepared, phases)
+    return prepared
+
+
+def _note_phases(prepared: list, phases: "_Phases") -> None:
     for data in prepared:
         data.phases = dict(phases.seconds)
     log.info("data stage: %s", phases)
-    return prepared
+
+
+def _from_cache(loaded, key: str, data_fingerprint: str) -> PreparedData:
+    """A variant's output as the cache holds it (data/cache.py)."""
+    import ray.data
+
+    meta, fitted, datasets, test_frame, probe_frame = loaded
+    probe = None if probe_frame is None else ray.data.from_pandas(probe_frame).map_batches(
+        _ToTrainingBatch(fitted), batch_format="pandas", batch_size=None).materialize()
+    return PreparedData(
+        train=datasets["train"], valid=datasets["valid"], test=datasets.get("test"), test_frame=test_frame,
+        preprocessing=fitted, fingerprint=data_fingerprint, rows=dict(meta["rows"]), probe=probe,
+        probe_frame=probe_frame, cache_key=key, cached=True)
 
 
 class _SplitRows:
@@ -224,6 +269,14 @@ class _SplitToTrainingBatch:
         return to_training_batch(self.preprocessing, rows.to_pandas())
 
 
+def _read_as_pandas_would(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with the dtypes pd.read_csv gives: Ray Data's pandas batches hold strings as
+    `string[pyarrow]` (pd.NA), a reader's as `str` (NaN)."""
+    import pyarrow as pa
+
+    return pa.Table.from_pandas(frame, preserve_index=False).to_pandas(ignore_metadata=True)
+
+
 def _raw_rows(hashed, which: str, split, columns: list[str]) -> pd.DataFrame:
     """One split's raw rows as one pandas frame with numpy dtypes, as `pd.read_csv` would give.
 
@@ -237,7 +290,9 @@ def _raw_rows(hashed, which: str, split, columns: list[str]) -> pd.DataFrame:
                                             batch_size=None).to_arrow_refs())
     except Exception as exc:
         raise _unwrap_data_error(exc) from exc
-    return pa.concat_tables(tables, promote_options="permissive").to_pandas()
+    # ignore_metadata: strings as pandas' default `str` columns, as pd.read_csv gives them (pandas
+    # metadata some blocks carry made them `string[pyarrow]` with pd.NA instead).
+    return pa.concat_tables(tables, promote_options="permissive").to_pandas(ignore_metadata=True)
 
 
 def _transformed(hashed, split, fitted, test_frame, data_fingerprint, probe_frame, rows) -> PreparedData:

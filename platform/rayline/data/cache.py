@@ -1,0 +1,177 @@
+"""The data stage's cache: an unchanged data stage is read back, not recomputed.
+
+An entry holds one preprocessing variant's output: the fitted preprocessing, the three
+model-ready splits (Parquet, written and read by Ray Data), the raw test rows and the probe
+rows. Its key is a hash of everything the output depends on: the source's fingerprint
+(data/sources.py: each file's name, size and modification time by default), the spec's
+`data` section (source, label, features, split, preprocess) and `task`, and the rayline and
+Ray versions. A changed file, a changed `data` key or another version is another key, never a
+wrong hit; an entry with a missing or unreadable part is a miss (and is removed).
+
+Entries are written under a temporary name and renamed into place when complete, so a run
+killed while writing leaves no entry that looks whole. They live in the workspace
+(`<workspace>/data-cache/<key>/`); a workspace on object storage has no cache yet (its
+root is local to the driver, and Ray's workers on other nodes could not read it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+__all__ = ["DataCache", "CacheEntry", "cache_key", "CACHE_FORMAT"]
+
+CACHE_FORMAT = 1  # bumped when an entry's layout changes: older entries become misses
+_SPLITS = ("train", "valid", "test")
+_META = "meta.json"
+
+
+def cache_key(spec, fingerprint: str) -> str:
+    """The key of `spec`'s data stage output over data with this fingerprint."""
+    import ray
+
+    from rayline import __version__
+
+    payload = {
+        "format": CACHE_FORMAT,
+        "data": spec.data.model_dump(mode="json"),
+        "task": spec.task,
+        "fingerprint": fingerprint,
+        "rayline": __version__,
+        "ray": ray.__version__,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+@dataclass
+class CacheEntry:
+    key: str
+    path: Path
+    meta: dict
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+
+    @property
+    def created(self) -> float:
+        return float(self.meta.get("created", 0))
+
+
+class DataCache:
+    """The cache of one workspace."""
+
+    def __init__(self, root: Path, read: bool = True):
+        self.root = Path(root)
+        self.read = read  # False (`--no-cache`): every load is a miss; what is computed is stored anew
+
+    @classmethod
+    def of(cls, ws, read: bool = True) -> "DataCache | None":
+        """The workspace's cache; None for a workspace on object storage (see the module docstring)."""
+        return None if ws.remote else cls(ws.root / "data-cache", read=read)
+
+    # ------------------------------------------------------------ reading
+
+    def entries(self) -> list[CacheEntry]:
+        out = []
+        if not self.root.is_dir():
+            return out
+        for path in sorted(self.root.iterdir()):
+            if path.name.startswith(".") or not path.is_dir():
+                continue
+            try:
+                meta = json.loads((path / _META).read_text())
+            except (OSError, ValueError):
+                meta = {"broken": True}
+            out.append(CacheEntry(path.name, path, meta))
+        return sorted(out, key=lambda e: e.created)
+
+    def load(self, key: str, split_test: bool):
+        """(meta, fitted preprocessing, {split: materialized Dataset}, test_frame, probe_frame), or None on a miss."""
+        import ray.data
+
+        from rayline.data.preprocess import FittedPreprocessing
+
+        path = self.root / key
+        if not self.read:
+            return None
+        try:
+            meta = json.loads((path / _META).read_text())
+            if meta.get("format") != CACHE_FORMAT or meta.get("key") != key:
+                raise ValueError("another layout")
+            # Every file written, at its size: a split's directory missing one Parquet file would
+            # still read, with fewer rows (a wrong hit).
+            for name, size in meta["files"].items():
+                if (path / name).stat().st_size != size:
+                    raise ValueError(f"{name}: another size")
+            preprocessing = FittedPreprocessing.load(path / "preprocessing.json")
+            wanted = _SPLITS if split_test else _SPLITS[:2]
+            datasets = {s: ray.data.read_parquet(str(path / s)).materialize() for s in wanted}
+            test_frame = pd.read_parquet(path / "test_frame.parquet")
+            probe_file = path / "probe_frame.parquet"
+            probe_frame = pd.read_parquet(probe_file) if probe_file.exists() else None
+        except FileNotFoundError:
+            if path.exists():
+                shutil.rmtree(path, ignore_errors=True)  # a part is gone: recompute, and write it anew
+            return None
+        except Exception:  # unreadable (truncated, another format): a miss, never a wrong hit
+            shutil.rmtree(path, ignore_errors=True)
+            return None
+        os.utime(path / _META)  # last used: prune --older-than keeps what runs still read
+        return meta, preprocessing, datasets, test_frame, probe_frame
+
+    # ------------------------------------------------------------ writing
+
+    def store(self, key: str, data, meta: dict) -> None:
+        """Write `data` (a PreparedData) under `key`: complete, or not at all."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{key}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            tmp.mkdir()
+            for split in _SPLITS:
+                ds = getattr(data, split)
+                if ds is not None:
+                    ds.write_parquet(str(tmp / split))
+            data.preprocessing.save(tmp / "preprocessing.json")
+            data.test_frame.to_parquet(tmp / "test_frame.parquet", index=False)
+            if data.probe_frame is not None:
+                data.probe_frame.to_parquet(tmp / "probe_frame.parquet", index=False)
+            files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+            (tmp / _META).write_text(json.dumps({**meta, "key": key, "format": CACHE_FORMAT, "created": time.time(),
+                                                 "files": files}, indent=1, default=str))
+            target = self.root / key
+            if target.exists() and not self.read:  # --no-cache: the recomputed entry replaces the old one
+                shutil.rmtree(target, ignore_errors=True)
+            try:
+                os.rename(tmp, target)
+            except OSError:  # another run wrote the same entry meanwhile: theirs is as good
+                pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # ------------------------------------------------------------ pruning
+
+    def prune(self, older_than_s: float | None = None) -> list[CacheEntry]:
+        """Remove entries last used more than `older_than_s` ago (all when None), and leftovers
+        of interrupted writes; the removed entries."""
+        removed = []
+        now = time.time()
+        for entry in self.entries():
+            try:
+                used = (entry.path / _META).stat().st_mtime
+            except OSError:
+                used = 0.0
+            if older_than_s is None or now - used > older_than_s or entry.meta.get("broken"):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry)
+        if self.root.is_dir():
+            for leftover in self.root.glob(".*.tmp-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+        return removed
