@@ -50,6 +50,30 @@ def cache_key(spec, fingerprint: str) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
+class _ReadParquetFiles:
+    """A picklable map_batches callable: a batch of file paths -> their rows, one Arrow table."""
+
+    def __call__(self, batch):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        return pa.concat_tables([pq.read_table(str(p)) for p in batch["path"]])
+
+
+def _read_split(folder: Path):
+    """A split's Parquet files as a materialized Dataset, read in Ray tasks (8 files a task).
+
+    Not `ray.data.read_parquet`: it took 1.6 s per split of 35 small files, warm, on the 2-core
+    machine, against 0.15-0.3 s for these tasks (the rows never pass through the driver either way)."""
+    import ray.data
+
+    files = sorted(str(f) for f in folder.glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no Parquet files")
+    return ray.data.from_items([{"path": f} for f in files]).map_batches(
+        _ReadParquetFiles(), batch_size=8, batch_format="numpy").materialize()
+
+
 @dataclass
 class CacheEntry:
     key: str
@@ -95,8 +119,6 @@ class DataCache:
 
     def load(self, key: str, split_test: bool):
         """(meta, fitted preprocessing, {split: materialized Dataset}, test_frame, probe_frame), or None on a miss."""
-        import ray.data
-
         from rayline.data.preprocess import FittedPreprocessing
 
         path = self.root / key
@@ -113,7 +135,7 @@ class DataCache:
                     raise ValueError(f"{name}: another size")
             preprocessing = FittedPreprocessing.load(path / "preprocessing.json")
             wanted = _SPLITS if split_test else _SPLITS[:2]
-            datasets = {s: ray.data.read_parquet(str(path / s)).materialize() for s in wanted}
+            datasets = {s: _read_split(path / s) for s in wanted}
             test_frame = pd.read_parquet(path / "test_frame.parquet")
             probe_file = path / "probe_frame.parquet"
             probe_frame = pd.read_parquet(probe_file) if probe_file.exists() else None
