@@ -178,6 +178,11 @@ class DataCache:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def size(self) -> tuple[int, int]:
+        """(entries, bytes) of the whole cache, so that its growth is seen where it happens."""
+        entries = self.entries()
+        return len(entries), sum(e.bytes for e in entries)
+
     # ------------------------------------------------------------ pruning
 
     def prune(self, older_than_s: float | None = None) -> list[CacheEntry]:

@@ -218,7 +218,10 @@ def prepare_variants(spec, variants: list, progress=None, cache=None) -> list[Pr
             cache.store(keys[i], prepared[-1], {"pipeline": variant.name, "source": source.path or source.name,
                                                 "fingerprint": data_fingerprint, "rows": prepared[-1].rows,
                                                 "features": len(fitted.output_columns)})
-            phases.done("cache write", f"stored in the data cache ({keys[i]})")
+            count, size = cache.size()
+            phases.done("cache write", f"stored in the data cache ({keys[i]}; the cache: {count} "
+                                       f"entr{'y' if count == 1 else 'ies'}, {size / 2**20:,.1f} MiB, "
+                                       "`rayline cache prune` frees it)")
     _note_phases(prepared, phases)
     return prepared
 
