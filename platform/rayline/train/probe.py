@@ -1,9 +1,10 @@
 """The probe: a bounded sample of the test split that the training loop predicts with its LIVE
 model at every checkpoint, so that what was registered can be checked against what was trained.
 
-- The data stage takes the first PROBE_ROWS (rayline/data/pipeline.py) raw rows of the test split (of the valid split when
-  there is no test split), in split order, and transforms them through Ray Data as it does the
-  training data (rayline/data/pipeline.py: PreparedData.probe, .probe_frame).
+- The data stage takes PROBE_ROWS (rayline/data/pipeline.py) raw rows of the test split (of the valid split when
+  there is no test split): those with the smallest split hashes (data/split.py), the same rows
+  however the data is laid out in files and blocks, and transforms them through Ray Data as it
+  does the training data (rayline/data/pipeline.py: PreparedData.probe, .probe_frame).
 - The trainer gets them as the unsplit dataset "probe" (rayline/train/run.py). Each backend
   predicts them in its evaluation step, on every rank (a forward pass may be a collective: FSDP,
   MultiWorkerMirroredStrategy), with the framework's own predict of the model object it trains,
