@@ -139,6 +139,10 @@ def ws(tmp_path_factory):
 def run(spec, ws, **kwargs):
     from rayline.runner import run_pipeline
 
+    # The session's tests share one workspace: with its data cache on, a test's data stage could be
+    # another test's, read back (the key is the data section, not the pipeline's name), and the test
+    # would not see the stage it is about. Each computes its own; the cache's tests turn it on.
+    kwargs.setdefault("data_cache", False)
     events = []
     summary = run_pipeline(spec, ws, port=PORT, on_stage=lambda *e: events.append(e), **kwargs)
     summary.events = events

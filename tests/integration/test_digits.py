@@ -19,8 +19,8 @@ def served(digits, ws):
 
 @pytest.fixture(scope="module")
 def test_split(digits, ws):
-    """The raw rows of the pipeline's test split and its probe rows (the first ones, which the
-    training loop predicted at every checkpoint), as the registered model saw them."""
+    """The raw rows of the pipeline's test split and its probe rows (those with the smallest split
+    hashes, which the training loop predicted at every checkpoint), as the registered model saw them."""
     from rayline import load_model
     from rayline.data import prepare_data
     from rayline.spec import load_spec
@@ -72,10 +72,14 @@ def test_http_predictions_equal_the_predictions_made_while_training(digits, ws, 
     from rayline.data.pipeline import PROBE_ROWS
     from rayline.train.probe import read_probe
 
+    from rayline.data.split import row_hashes
+
     frame, model, probe_frame = test_split
-    # The probe is the first rows of the test split, in split order (bounded: PROBE_ROWS).
+    # The probe is the test split's rows with the smallest split hashes, in hash order (bounded:
+    # PROBE_ROWS), whatever the order the test split's blocks came in.
     assert len(probe_frame) == min(PROBE_ROWS, len(frame)) > 0
-    pd_testing.assert_frame_equal(probe_frame.reset_index(drop=True), frame.head(len(probe_frame)).reset_index(drop=True))
+    first = np.argsort(row_hashes(frame, list(frame.columns), 0), kind="stable")[:len(probe_frame)]
+    pd_testing.assert_frame_equal(probe_frame.reset_index(drop=True), frame.iloc[first].reset_index(drop=True))
     recorded = read_probe(_winner(digits).checkpoint_dir)  # written by the Train worker's rank 0
     assert recorded is not None and recorded["rows"] == len(probe_frame) and recorded["precision"] == "fp32"
     registry = Registry(ws)

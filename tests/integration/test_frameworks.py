@@ -56,8 +56,11 @@ def test_tensorflow_multiworker_end_to_end(ray_session, ws):
     # micro-batches of 16 per step across its 2 MWMS workers: the same effective batch (32) and
     # number of steps as the spec's, so the same bar (r2 > 0.1) holds. The model still loads and
     # predicts in fp32 in a fresh process, as a Serve replica does (rayline/train/tensorflow_backend.py).
+    # lr 0.05: at the spec's 0.01 this 32-unit MLP reached valid r2 ~0.17 in 20 epochs, and its test r2
+    # depended on the 35-56 test rows of a split (seed 0: -0.04, seeds 1 and 2: 0.17, 0.14; fp32 the
+    # same); at 0.05 it is 0.32-0.36, so the bar below tests the model, not the split's luck.
     ("tensorflow", {"framework": "tensorflow", "kind": "mlp", "params": {"hidden_sizes": [32]}},
-     {"train.precision": "bf16", "train.grad_accumulation": 2, "train.batch_size": 16}),
+     {"train.precision": "bf16", "train.grad_accumulation": 2, "train.batch_size": 16, "train.optimizer.lr": 0.05}),
     ("xgboost", {"framework": "xgboost", "kind": "gbdt", "params": {"max_depth": 3, "num_boost_round": 20}}, {}),
 ])
 def test_regression_reports_the_torch_metric_names(ray_session, ws, framework, model, technique):
@@ -90,7 +93,7 @@ def test_regression_reports_the_torch_metric_names(ray_session, ws, framework, m
     assert set(last) == set(REGRESSION_METRICS) | {"epoch", "resumed"} | set(TRAINING_STATS)
     # The training stats beside the metrics: both workers' rows per second, and the learning rate.
     assert last["samples_per_s"] == pytest.approx(2 * last["samples_per_s_per_worker"]) and last["samples_per_s"] > 0
-    assert last["lr"] == pytest.approx(0.01 if framework == "tensorflow" else 0.3)  # adam lr of the spec; xgboost's eta
+    assert last["lr"] == pytest.approx(0.05 if framework == "tensorflow" else 0.3)  # adam lr of the run; xgboost's eta
     # The same per epoch in TensorBoard event files, read back with TensorBoard's own reader.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -165,10 +165,12 @@ def test_read_only_workspace_reads_and_refuses_writes_in_one_line(tmp_path):
         # Reading an existing store needs no write.
         listed = _cli("models", "-w", str(ws.root), preexec_fn=_without_root_privileges)
         assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
-        # Creating a store in a read-only directory: one line naming the directory.
+        # Creating a store in a read-only directory: one line naming the directory and what to do
+        # (the environment fault's line, rayline/faults.py: the PermissionError is in the chain).
         created = _cli("models", "-w", str(empty / "ws"), preexec_fn=_without_root_privileges)
         line = _error_line(created)
-        assert created.returncode == 1 and "cannot create the store" in line and "Permission denied" in line, line
+        assert created.returncode == 1 and str(empty / "ws") in line and "Permission denied" in line, line
+        assert "--workspace" in line, line
         # Writing to a read-only store (what `rayline run` does first): one line, no traceback.
         code = ("from rayline.registry import Registry; from rayline.spec import load_spec; "
                 "from rayline.workspace import workspace; import sys\n"

@@ -226,6 +226,11 @@ def test_a_sweep_killed_then_interrupted_resumes_keeping_finished_trials(tmp_pat
     runs_now = [runs_now[0], runs_now[2]]  # below: the killed run and the one that finished
     (version,) = client.search_model_versions("name='irisresume'")
     assert version.run_id == runs_now[1].info.run_id
+    # The killed run had stored its data stage in the workspace's data cache before training: the
+    # resume read it back, and the version names the entry it was trained from.
+    assert re.search(r"^data: done in [0-9.]+ s: .*, cached \(", resumed.stdout, re.M), resumed.stdout[-3000:]
+    (key,) = json.loads(record_file.read_text())["data_cache_keys"]
+    assert version.tags["data_cache_key"] == key and (ws / "data-cache" / key / "meta.json").is_file()
 
     # Finished trial kept: not trained again (same checkpoints, untouched files).
     assert _states(ws, by_dir[short_id]) == short_before

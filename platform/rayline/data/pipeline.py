@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from rayline.data.preprocess import (
@@ -259,7 +260,12 @@ class _SplitRows:
 
 
 class _SplitToTrainingBatch:
-    """A picklable map_batches callable: one split's rows of a block, model-ready."""
+    """A picklable map_batches callable: one split's rows of a block, model-ready.
+
+    The train split's rows come out in the order of their hashes: a pseudo-random permutation
+    within each block, the same on every run. With the blocks' order randomized too (below) and
+    the training loops' local shuffle buffer, training does not see a sorted file in its order
+    (iris is sorted by class); the split by hash alone kept it."""
 
     def __init__(self, split, which: str, preprocessing: FittedPreprocessing):
         self.thresholds, self.which, self.preprocessing = Thresholds(split.valid, split.test), which, preprocessing
@@ -268,7 +274,10 @@ class _SplitToTrainingBatch:
         import pyarrow as pa
 
         hashes = table.column(HASH_COLUMN).to_numpy()
-        rows = table.filter(pa.array(self.thresholds.mask(hashes, self.which))).drop_columns([HASH_COLUMN])
+        mask = self.thresholds.mask(hashes, self.which)
+        rows = table.filter(pa.array(mask)).drop_columns([HASH_COLUMN])
+        if self.which == TRAIN:
+            rows = rows.take(pa.array(np.argsort(hashes[mask], kind="stable")))
         return to_training_batch(self.preprocessing, rows.to_pandas())
 
 
@@ -303,8 +312,8 @@ def _transformed(hashed, split, fitted, test_frame, data_fingerprint, probe_fram
     import ray.data
 
     def convert(which):
-        return hashed.map_batches(_SplitToTrainingBatch(split, which, fitted), batch_format="pyarrow",
-                                  batch_size=None).materialize()
+        ds = hashed.map_batches(_SplitToTrainingBatch(split, which, fitted), batch_format="pyarrow", batch_size=None)
+        return (ds.randomize_block_order(seed=split.seed) if which == TRAIN else ds).materialize()
 
     try:
         train, valid = convert(TRAIN), convert(VALID)
