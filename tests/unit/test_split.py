@@ -66,3 +66,21 @@ def test_the_arrow_callable_appends_the_hash_and_keeps_the_other_columns_as_they
 @pytest.mark.parametrize("seed", [0, 123, -5, 10**17])
 def test_any_int_seed_gives_a_valid_hash_key(seed):
     assert len(row_hashes(_frame(10), ["id"], seed)) == 10
+
+
+def test_validate_names_a_split_key_the_data_lacks(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "rows.csv").write_text("id,a,y\n" + "".join(f"{i},{i * 2},{i % 2}\n" for i in range(20)))
+    spec = ("name: keyed\ndata:\n  source: {format: csv, path: rows.csv}\n  label: y\n  split: {key: %s}\n"
+            "model: {framework: xgboost, kind: gbdt}\n")
+    (tmp_path / "bad.yaml").write_text(spec % "row_id")
+    (tmp_path / "good.yaml").write_text(spec % "id")
+    bad = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", "bad.yaml"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert "data.split.key: no such column in the data (got 'row_id'; allowed: id, a, y)" in bad.stderr, bad.stderr
+    good = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", "good.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr
