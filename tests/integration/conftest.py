@@ -22,7 +22,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # order, with the one Ray of that session; the rest (unit tests, and integration tests that start
 # Rays of their own in subprocesses: heads, multi-node clusters, `rayline run`, submitted jobs)
 # run beside them in the other worker. Measured on the 2-core CI machine: in one process the suite
-# took 34-36 min with a quarter of the CPU idle (Ray's start-ups, polls and health checks); two lanes: 25-27 min then, 29-30 min at 889 tests (2026-11-25).
+# took 34-36 min with a quarter of the CPU idle (Ray's start-ups, polls and health checks); two lanes: 25-27 min then, 29-30 min at 889 tests, 22.5 min at 944 after the one-pass data stage (2026-11-25).
 SESSION_LANE, OWN_PROCESSES_LANE = "session-ray", "own-processes"
 
 
