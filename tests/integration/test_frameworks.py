@@ -21,7 +21,7 @@ def _served_and_identical(summary, ws, spec):
     model = load_model(spec.name, summary.version, workspace=str(ws.root))
     rows = frame[[f.name for f in model.preprocessing.features]].to_dict(orient="records")
     # Against training itself: the outputs the live model gave in the Train worker on the probe rows
-    # (the first rows of the test split; rayline/train/probe.py), and the route's answers for them.
+    # (the test split's rows with the smallest split hashes; rayline/train/probe.py), and the route's answers for them.
     (trained,) = [t.result for t in summary.trials]
     recorded = read_probe(trained.checkpoint_dir)
     classes = sorted(frame[spec.data.label].unique().tolist())  # class id i is the i-th smallest label
