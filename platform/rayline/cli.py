@@ -895,10 +895,9 @@ def cache_list(workspace: Optional[Path] = WorkspaceOpt,
     rows = []
     for entry in entries:
         meta = entry.meta
-        used = (entry.path / "meta.json").stat().st_mtime if (entry.path / "meta.json").exists() else 0
         rows.append({"key": entry.key, "pipeline": meta.get("pipeline", "?"), "source": str(meta.get("source", "?")),
                      "rows": sum((meta.get("rows") or {}).values()), "bytes": entry.bytes,
-                     "created": _when(entry.created * 1000), "last_used": _when(used * 1000),
+                     "created": _when(entry.created * 1000), "last_used": _when(entry.last_used * 1000),
                      "broken": bool(meta.get("broken"))})
     total = sum(r["bytes"] for r in rows)
     if output == "json":

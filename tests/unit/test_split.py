@@ -63,9 +63,15 @@ def test_the_arrow_callable_appends_the_hash_and_keeps_the_other_columns_as_they
     assert (out.column(HASH_COLUMN).to_numpy() == row_hashes(frame, ["id"], 3)).all()
 
 
-@pytest.mark.parametrize("seed", [0, 123, -5, 10**17])
-def test_any_int_seed_gives_a_valid_hash_key(seed):
-    assert len(row_hashes(_frame(10), ["id"], seed)) == 10
+def test_any_int_seed_gives_its_own_split():
+    """Negative and large seeds (the spec allows any int) salt the hash too, each differently."""
+    frame = _frame(200)
+    hashes = {seed: row_hashes(frame, ["id"], seed) for seed in (0, 123, -5, 10**17)}
+    assert all(len(h) == 200 for h in hashes.values())
+    seeds = list(hashes)
+    for i, a in enumerate(seeds):
+        for b in seeds[i + 1:]:
+            assert (hashes[a] != hashes[b]).mean() > 0.99, (a, b)
 
 
 def test_validate_names_a_split_key_the_data_lacks(tmp_path):

@@ -88,6 +88,14 @@ class CacheEntry:
     def created(self) -> float:
         return float(self.meta.get("created", 0))
 
+    @property
+    def last_used(self) -> float:
+        """When a run last read or wrote it (`load` touches its meta.json); 0 when that is gone."""
+        try:
+            return (self.path / _META).stat().st_mtime
+        except OSError:
+            return 0.0
+
 
 class DataCache:
     """The cache of one workspace."""
@@ -191,11 +199,7 @@ class DataCache:
         removed = []
         now = time.time()
         for entry in self.entries():
-            try:
-                used = (entry.path / _META).stat().st_mtime
-            except OSError:
-                used = 0.0
-            if older_than_s is None or now - used > older_than_s or entry.meta.get("broken"):
+            if older_than_s is None or now - entry.last_used > older_than_s or entry.meta.get("broken"):
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed.append(entry)
         if self.root.is_dir():

@@ -100,8 +100,10 @@ class FillCategoryOp:
 
     def __call__(self, batch: Batch) -> None:
         values = batch.cat[self.column]
-        if isinstance(values, np.ndarray):
-            values[_missing(values)] = self.value
+        if isinstance(values, np.ndarray):  # request rows: a few, a Python check each is cheapest
+            for i, value in enumerate(values):
+                if is_missing(value):
+                    values[i] = self.value
             return
         missing = values.isna()  # a pandas column (batch_from_frame): filled in a copy, the caller's frame untouched
         if missing.any():
@@ -145,17 +147,6 @@ def _at(values, row: int):
     return values[row] if isinstance(values, np.ndarray) else values.iloc[row]
 
 
-def _missing(values: np.ndarray) -> np.ndarray:
-    """None or NaN, element-wise, for an object array (vectorised: no Python loop per value)."""
-    import pandas as pd
-
-    return np.asarray(pd.isna(values), dtype=bool)
-
-
-# Below this many rows a Python dict lookup per value beats building pandas' hash table.
-_VECTORISE_FROM = 64
-
-
 def lookup_index(keys: list):
     """A pandas Index over the category (or class) keys for vectorised lookups, or None where
     its hashing would not follow `value_key` (keys equal across types, e.g. 1 and True)."""
@@ -165,23 +156,20 @@ def lookup_index(keys: list):
     return index if index.is_unique else None
 
 
-def category_codes(values: np.ndarray, index: dict, lookup) -> np.ndarray:
+def category_codes(values, index: dict, lookup) -> np.ndarray:
     """Each value's position in `index` (keys made by `value_key`); -1 unseen, -2 missing.
 
-    Vectorised through a pandas Index: Python's hashing and equality on objects make 1, 1.0
-    and np.int64(1) the same key there, as `value_key` does; bools and strings stay apart."""
+    Object arrays (request rows) by a dict lookup per value: faster than pandas' hash table at
+    every request size measured (64 rows: 7 against 96 us; 10,000: 1.1 against 1.35 ms). pandas
+    columns (frames: training blocks, batch scoring) through a pandas Index in their own dtype,
+    without an object copy; Python's hashing and equality on objects make 1, 1.0 and np.int64(1)
+    the same key there, as `value_key` does, and bools and strings stay apart."""
     from rayline.data.steps import value_key
 
-    n = len(values)
-    if lookup is None or n < _VECTORISE_FROM:
-        return np.fromiter((-2 if is_missing(v) else index.get(value_key(v), -1) for v in values), np.int64, n)
-    if isinstance(values, np.ndarray):
-        missing = _missing(values)
-        codes = np.asarray(lookup.get_indexer(np.asarray(values, dtype=object)), dtype=np.int64)
-    else:  # a pandas column: looked up in its own dtype (3x faster than through an object array)
-        missing = values.isna().to_numpy()
-        codes = np.asarray(lookup.get_indexer(values), dtype=np.int64)
-    codes[missing] = -2
+    if isinstance(values, np.ndarray) or lookup is None:
+        return np.fromiter((-2 if is_missing(v) else index.get(value_key(v), -1) for v in values), np.int64, len(values))
+    codes = np.asarray(lookup.get_indexer(values), dtype=np.int64)
+    codes[values.isna().to_numpy()] = -2
     return codes
 
 

@@ -190,7 +190,6 @@ def prepare_variants(spec, variants: list, progress=None, cache=None) -> list[Pr
             raise DataError(f"task: regression needs a numeric label (got {label!r}, a {label_kind} column)")
         label_info = LabelInfo(name=label, task=task)
 
-    total = sum(profile.rows.values())
     if total < 10:
         raise DataError(f"data.source: too few rows to split into train/valid/test (got {total}; allowed: >= 10)")
     wanted = [TRAIN, VALID] + ([TEST] if split.test > 0 else [])
@@ -235,15 +234,22 @@ def _note_phases(prepared: list, phases: "_Phases") -> None:
 
 def _from_cache(loaded, key: str, data_fingerprint: str) -> PreparedData:
     """A variant's output as the cache holds it (data/cache.py)."""
-    import ray.data
-
     meta, fitted, datasets, test_frame, probe_frame = loaded
-    probe = None if probe_frame is None else ray.data.from_pandas(probe_frame).map_batches(
-        _ToTrainingBatch(fitted), batch_format="pandas", batch_size=None).materialize()
     return PreparedData(
         train=datasets["train"], valid=datasets["valid"], test=datasets.get("test"), test_frame=test_frame,
-        preprocessing=fitted, fingerprint=data_fingerprint, rows=dict(meta["rows"]), probe=probe,
-        probe_frame=probe_frame, cache_key=key, cached=True)
+        preprocessing=fitted, fingerprint=data_fingerprint, rows=dict(meta["rows"]),
+        probe=_probe_dataset(probe_frame, fitted), probe_frame=probe_frame, cache_key=key, cached=True)
+
+
+def _probe_dataset(probe_frame, fitted):
+    """The probe rows model-ready, transformed through Ray Data as the training data is; one block:
+    one task transforms it, and the rows keep the probe frame's order."""
+    import ray.data
+
+    if probe_frame is None:
+        return None
+    return ray.data.from_pandas(probe_frame).map_batches(_ToTrainingBatch(fitted), batch_format="pandas",
+                                                         batch_size=None).materialize()
 
 
 class _SplitRows:
@@ -253,10 +259,18 @@ class _SplitRows:
         self.thresholds, self.which, self.columns = Thresholds(split.valid, split.test), which, columns
 
     def __call__(self, table):
-        import pyarrow as pa
+        return _rows_of(table, self.thresholds, self.which).select(self.columns)
 
-        hashes = table.column(HASH_COLUMN).to_numpy()
-        return table.filter(pa.array(self.thresholds.mask(hashes, self.which))).select(self.columns)
+
+def _rows_of(table, thresholds: Thresholds, which: str):
+    """The rows of an Arrow block (with HASH_COLUMN) that fall in split `which`; the train split's
+    in the order of their hashes (see _SplitToTrainingBatch)."""
+    import pyarrow as pa
+
+    hashes = table.column(HASH_COLUMN).to_numpy()
+    mask = thresholds.mask(hashes, which)
+    rows = table.filter(pa.array(mask))
+    return rows.take(pa.array(np.argsort(hashes[mask], kind="stable"))) if which == TRAIN else rows
 
 
 class _SplitToTrainingBatch:
@@ -271,13 +285,7 @@ class _SplitToTrainingBatch:
         self.thresholds, self.which, self.preprocessing = Thresholds(split.valid, split.test), which, preprocessing
 
     def __call__(self, table) -> dict:
-        import pyarrow as pa
-
-        hashes = table.column(HASH_COLUMN).to_numpy()
-        mask = self.thresholds.mask(hashes, self.which)
-        rows = table.filter(pa.array(mask)).drop_columns([HASH_COLUMN])
-        if self.which == TRAIN:
-            rows = rows.take(pa.array(np.argsort(hashes[mask], kind="stable")))
+        rows = _rows_of(table, self.thresholds, self.which).drop_columns([HASH_COLUMN])
         return to_training_batch(self.preprocessing, rows.to_pandas())
 
 
@@ -309,7 +317,6 @@ def _raw_rows(hashed, which: str, split, columns: list[str]) -> pd.DataFrame:
 
 def _transformed(hashed, split, fitted, test_frame, data_fingerprint, probe_frame, rows) -> PreparedData:
     """Every split model-ready through `fitted`: one pass of whole blocks per split."""
-    import ray.data
 
     def convert(which):
         ds = hashed.map_batches(_SplitToTrainingBatch(split, which, fitted), batch_format="pyarrow", batch_size=None)
@@ -318,9 +325,7 @@ def _transformed(hashed, split, fitted, test_frame, data_fingerprint, probe_fram
     try:
         train, valid = convert(TRAIN), convert(VALID)
         test = convert(TEST) if split.test > 0 else None
-        # One block: one task transforms it, and the rows keep the probe frame's order.
-        probe = None if probe_frame is None else ray.data.from_pandas(probe_frame).map_batches(
-            _ToTrainingBatch(fitted), batch_format="pandas", batch_size=None).materialize()
+        probe = _probe_dataset(probe_frame, fitted)
     except Exception as exc:  # surface our DataError from inside Ray Data tasks
         raise _unwrap_data_error(exc) from exc
     return PreparedData(

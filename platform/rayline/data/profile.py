@@ -221,9 +221,6 @@ class TrainStats:
         self.columns = columns
         self.where = "data.preprocess"  # the step being fitted, for error messages
 
-    def copy(self) -> "TrainStats":
-        return TrainStats(copy.deepcopy(self.columns))
-
     def _column(self, col: str) -> ColumnStats:
         return self.columns[col]
 
