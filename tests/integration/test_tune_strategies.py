@@ -76,9 +76,11 @@ def test_median_stopping_cuts_trials_on_the_units_clock(ray_session, ws):
 
 
 def test_time_budget_stops_the_sweep_and_picks_among_stopped_trials(ray_session, ws):
-    # Trials far longer than the budget: every one that started is cut by it.
+    # Trials far longer than the budget: every one that started is cut by it. Two at once, both
+    # started at the sweep's start; 60 s because on CI's loaded 2 cores a Train run's start-up
+    # once took all of a 35 s budget (no trial reported, the run failed as it should then).
     spec = parse_spec(_raw("budget-iris", epochs=5000, tune={
-        "num_samples": 3, "scheduler": "fifo", "time_budget_s": 35,
+        "num_samples": 2, "scheduler": "fifo", "time_budget_s": 60,
         "space": {"train.optimizer.lr": {"loguniform": [0.003, 0.05]}}}))
     t0 = time.monotonic()
     summary = run(spec, ws, deploy=False)
