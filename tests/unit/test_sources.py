@@ -316,3 +316,168 @@ def test_the_stat_fingerprint_follows_size_and_mtime_and_the_content_one_the_byt
     assert sources.fingerprint(content) != before[1]
     with pytest.raises(Exception, match="fingerprint"):
         SourceSpec(format="csv", path=str(path), fingerprint="md5")
+
+
+# ---------------------------------------------------------------- objects: ETag and version, never the bytes
+
+
+class _S3Server:
+    """moto's S3 app on a free loopback port, behind a WSGI layer that logs every request
+    (method, path, query) and the body bytes each answer served."""
+
+    def __init__(self):
+        import threading
+
+        from moto.server import DomainDispatcherApplication, create_backend_app
+        from werkzeug.serving import make_server
+
+        app = DomainDispatcherApplication(create_backend_app)
+        self.log: list[tuple[str, str, str, int]] = []
+
+        def logged(environ, start_response):
+            body = b"".join(app(environ, start_response))
+            self.log.append((environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
+                             environ.get("QUERY_STRING", ""), 0 if environ["REQUEST_METHOD"] == "HEAD" else len(body)))
+            return [body]
+
+        self._server = make_server("127.0.0.1", 0, logged, threaded=True)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._server.shutdown()
+        self._thread.join()
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    import logging
+
+    werkzeug_log = logging.getLogger("werkzeug")
+    level = werkzeug_log.level
+    werkzeug_log.setLevel(logging.ERROR)  # one line per request otherwise
+    server = _S3Server()
+    try:
+        yield server
+    finally:
+        server.stop()
+        werkzeug_log.setLevel(level)
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch):
+    """(boto3 client, a fresh bucket's name) on the loopback server; pyarrow reaches it through
+    the environment only, as a user's run would."""
+    import uuid
+
+    import boto3
+
+    from rayline import storage
+
+    for key, value in {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(key, value)
+    client = boto3.client("s3", endpoint_url=s3_server.endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    name = f"rayline-src-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=name)
+    yield client, name
+    storage._filesystem.cache_clear()  # its endpoint is this server's
+
+
+OBJECT_BYTES = 256 << 10
+
+
+def _object_requests(log, bucket_name):
+    """(LIST requests, HEADs of objects, GETs of objects, body bytes served) in `log`."""
+    lists = [r for r in log if r[0] == "GET" and r[1].rstrip("/") == f"/{bucket_name}" and "list-type=2" in r[2]]
+    heads = [r for r in log if r[0] == "HEAD" and r[1].startswith(f"/{bucket_name}/")]
+    gets = [r for r in log if r[0] == "GET" and r[1].startswith(f"/{bucket_name}/") and r[1] != f"/{bucket_name}/"]
+    return lists, heads, gets, sum(r[3] for r in log)
+
+
+def test_an_s3_prefix_is_fingerprinted_by_etag_from_one_listing_without_reading_an_object(s3_server, bucket):
+    from rayline.spec.models import SourceSpec
+
+    client, name = bucket
+    rng = np.random.default_rng(0)
+    bodies = {f"data/part-{i}.csv": rng.bytes(OBJECT_BYTES) for i in range(3)}
+    for key, body in bodies.items():
+        client.put_object(Bucket=name, Key=key, Body=body)
+    stat = SourceSpec(format="csv", path=f"s3://{name}/data")
+    content = SourceSpec(format="csv", path=f"s3://{name}/data", fingerprint="content")
+
+    sources.fingerprint(stat)  # the first opens the bucket's filesystem (pyarrow asks for its region)
+    s3_server.log.clear()
+    first = sources.fingerprint(stat)
+    lists, heads, gets, served = _object_requests(s3_server.log, name)
+    assert first.startswith("stat:") and sources.fingerprint(stat) == first
+    # One LIST, one HEAD per object (plus one of the prefix itself: an object of that name would
+    # be what Ray reads), and not one byte of any object.
+    assert len(lists) == 1 and sorted(h[1] for h in heads) == [f"/{name}/data"] + [f"/{name}/{k}" for k in bodies], s3_server.log
+    assert gets == [] and served < OBJECT_BYTES // 4, s3_server.log
+    # The same log catches a body read: `content` GETs every byte.
+    s3_server.log.clear()
+    hashed = sources.fingerprint(content)
+    _, _, gets, served = _object_requests(s3_server.log, name)
+    assert hashed.startswith("sha256:") and gets and served >= len(bodies) * OBJECT_BYTES
+
+    # One object rewritten with other bytes of the same size: a new ETag, another fingerprint.
+    key = "data/part-1.csv"
+    client.put_object(Bucket=name, Key=key, Body=rng.bytes(OBJECT_BYTES))
+    assert sources.fingerprint(stat) != first and sources.fingerprint(content) != hashed
+    # Its old bytes back (an unversioned bucket: the same ETag): the same fingerprints as before.
+    client.put_object(Bucket=name, Key=key, Body=bodies[key])
+    assert sources.fingerprint(stat) == first and sources.fingerprint(content) == hashed
+    # An object added or removed under the prefix changes it too.
+    client.put_object(Bucket=name, Key="data/more/part-3.csv", Body=b"x")
+    assert sources.fingerprint(stat) != first
+    client.delete_object(Bucket=name, Key="data/more/part-3.csv")
+    assert sources.fingerprint(stat) == first
+    client.delete_object(Bucket=name, Key="data/part-0.csv")
+    assert sources.fingerprint(stat) != first
+
+
+def test_on_a_versioned_bucket_a_rewrite_with_the_same_bytes_is_a_new_version(bucket):
+    from rayline.spec.models import SourceSpec
+
+    client, name = bucket
+    client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    client.put_object(Bucket=name, Key="d/rows.parquet", Body=b"PAR1 same bytes PAR1")
+    stat = SourceSpec(format="parquet", path=f"s3://{name}/d")
+    content = SourceSpec(format="parquet", path=f"s3://{name}/d", fingerprint="content")
+    before = sources.fingerprint(stat), sources.fingerprint(content)
+    assert sources.fingerprint(stat) == before[0]
+    client.put_object(Bucket=name, Key="d/rows.parquet", Body=b"PAR1 same bytes PAR1")  # same ETag, new version id
+    assert sources.fingerprint(stat) != before[0] and sources.fingerprint(content) == before[1]
+
+
+def test_one_s3_object_is_fingerprinted_by_one_head(s3_server, bucket):
+    from rayline.spec.models import SourceSpec
+
+    client, name = bucket
+    client.put_object(Bucket=name, Key="d/rows.csv", Body=b"a,y\n1,0\n")
+    # A prefix of the same name holds an object too: Ray reads the object alone, and so does this.
+    client.put_object(Bucket=name, Key="d/rows.csv/other.csv", Body=b"a,y\n2,1\n")
+    stat = SourceSpec(format="csv", path=f"s3://{name}/d/rows.csv")
+    first = sources.fingerprint(stat)
+    s3_server.log.clear()
+    assert sources.fingerprint(stat) == first
+    lists, heads, gets, _ = _object_requests(s3_server.log, name)
+    assert lists == [] and gets == [] and [h[1] for h in heads] == [f"/{name}/d/rows.csv"], s3_server.log
+    client.put_object(Bucket=name, Key="d/rows.csv/other.csv", Body=b"a,y\n3,1\n")
+    assert sources.fingerprint(stat) == first
+    client.put_object(Bucket=name, Key="d/rows.csv", Body=b"a,y\n1,1\n")
+    assert sources.fingerprint(stat) != first
+
+
+def test_an_s3_path_with_no_object_is_a_one_line_data_error(bucket):
+    from rayline.spec.models import SourceSpec
+
+    _, name = bucket
+    with pytest.raises(DataError) as info:
+        sources.fingerprint(SourceSpec(format="csv", path=f"s3://{name}/nothing/here"))
+    assert str(info.value) == (f"data.source.path: no object there or under it (got 's3://{name}/nothing/here'; "
+                               "allowed: an object, or a prefix with objects under it)")
