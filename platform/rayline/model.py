@@ -176,12 +176,19 @@ class Predictor:
         return self.predict(frame, probabilities)
 
     def evaluate(self, frame: pd.DataFrame) -> dict[str, float]:
-        """Metrics of this model on labelled raw rows (the test split)."""
-        from rayline.train.metrics import compute_metrics
+        """Metrics of this model on labelled raw rows in one frame (rayline.offline_metrics
+        computes them for a test split of any size, spread over the cluster)."""
+        return self.metric_partials(frame).result()
 
+    def metric_partials(self, frame: pd.DataFrame):
+        """The mergeable statistics of this model's metrics on labelled raw rows (MetricPartials)."""
+        from rayline.train.metrics import MetricPartials
+
+        if not len(frame):  # a block without rows of the split
+            return MetricPartials(self.task, len(self.preprocessing.label.classes or []))
         outputs = self._predict(self.preprocessing.transform(frame))
         labels = self.preprocessing.encode_labels(frame[self.preprocessing.label.name])
-        return compute_metrics(self.task, outputs, labels)
+        return MetricPartials.of(self.task, outputs, labels)
 
 
 def _plain_list(values) -> list:

@@ -257,6 +257,7 @@ def run_pipeline(
 
     from rayline.data import prepare_variants
     from rayline.model import Predictor, write_artifact
+    from rayline.offline_metrics import evaluate_rows
     from rayline.registry import Registry
     from rayline.resources import plan_resources
     from rayline.train.catalog import load_backend
@@ -409,8 +410,9 @@ def run_pipeline(
             )
             predictor = Predictor(artifact)
             _check_probe(predictor, data)  # training/serving skew fails the run here, before registering
-            # Offline, through the serving Predictor: the same code as the endpoint's answers.
-            test_metrics = predictor.evaluate(data.test_frame)
+            # Offline, through the serving Predictor (the same code as the endpoint's answers),
+            # where the test rows are: no test split in this process.
+            test_metrics = evaluate_rows(artifact, data.test_rows)
             _add_test_metrics(artifact, test_metrics)
             mv = registry.register(
                 run_id, spec.name, artifact,
@@ -418,8 +420,13 @@ def run_pipeline(
                          **{f"test_{k}": v for k, v in test_metrics.items()}},
                 tags={"framework": winning_spec.model.framework, "task": data.task, "metric": metric,
                       f"valid_{metric}": winner.metrics[metric], "data_fingerprint": data.fingerprint,
-                      **({"data_cache_key": data.cache_key} if data.cache_key else {})},
-                input_example=data.test_frame,
+                      **({"data_cache_key": data.cache_key} if data.cache_key else {}),
+                      # Lineage (`rayline models show`): the data, the trial and the checkpoint it came from.
+                      "data_source": redact_uri(spec.data.source.path or spec.data.source.name or ""),
+                      "experiment": experiment,
+                      "trial_id": next((t.trial_id for t in trials if t.result is winner), ""),
+                      "checkpoint": redact_uri(winner.checkpoint_dir)},
+                input_example=data.probe_frame,  # raw test rows, bounded (PROBE_ROWS)
             )
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -6,6 +6,7 @@ import sys
 
 import httpx
 import numpy as np
+import pandas as pd
 import pandas.testing as pd_testing
 import pytest
 
@@ -27,8 +28,17 @@ def test_split(digits, ws):
 
     spec = load_spec(ROOT / "pipelines" / "digits-torch.yaml")
     data = prepare_data(spec)  # deterministic split: the same rows as in training
+    # The data stage leaves no split in this process: the test metrics are computed where the
+    # rows are (rayline/offline_metrics.py); only the bounded probe rows are here.
+    from rayline.data.pipeline import PROBE_ROWS
+
+    import ray.data
+
+    frames = {k: len(v) for k, v in vars(data).items() if isinstance(v, pd.DataFrame)}
+    assert frames == {"probe_frame": min(PROBE_ROWS, data.rows["test"])}, (frames, data.rows)
+    assert isinstance(data.test_rows, ray.data.Dataset) and data.test_rows.count() == data.rows["test"]
     model = load_model("digits", digits.version, workspace=str(ws.root))
-    return data.test_frame, model, data.probe_frame
+    return data.collect_test_rows(), model, data.probe_frame, data
 
 
 def test_sweep_ran_trials_and_registered_the_winner(digits, ws):
@@ -74,7 +84,7 @@ def test_http_predictions_equal_the_predictions_made_while_training(digits, ws, 
 
     from rayline.data.split import row_hashes
 
-    frame, model, probe_frame = test_split
+    frame, model, probe_frame, _ = test_split
     # The probe is the test split's rows with the smallest split hashes, in hash order (bounded:
     # PROBE_ROWS), whatever the order the test split's blocks came in.
     assert len(probe_frame) == min(PROBE_ROWS, len(frame)) > 0
@@ -100,23 +110,53 @@ def test_http_predictions_equal_the_predictions_made_while_training(digits, ws, 
     assert np.mean(np.array(recorded["class_ids"]) == probe_frame["target"].to_numpy()) > 0.8
 
 
-def test_http_predictions_give_exactly_the_recorded_test_accuracy(digits, ws, test_split):
-    """HTTP predictions on the whole test split score exactly the test accuracy registered with the
-    version. That figure is computed at registration by the serving Predictor (runner.py:
-    `Predictor(artifact).evaluate(data.test_frame)`), so this pins the route to the offline
-    Predictor on every test row; the check against training itself is the probe test above."""
-    frame, model, _ = test_split
+def test_http_predictions_give_exactly_the_recorded_test_metrics(digits, ws, test_split):
+    """HTTP predictions on the whole test split score exactly the test metrics registered with the
+    version, as sklearn computes them. Those figures are computed at registration by the serving
+    Predictor in Ray tasks, per block of the test split, merged in the driver (runner.py,
+    rayline/offline_metrics.py), so this pins the route to the offline Predictor on every test
+    row and the merged metrics to sklearn's; the check against training itself is the probe test."""
+    from sklearn import metrics as skm
+
+    frame, model, _, _ = test_split
     features = [f.name for f in model.preprocessing.features]
     rows = frame[features].to_dict(orient="records")
-    response = httpx.post(f"{digits.endpoint}/predict", json={"instances": rows}, timeout=60)
+    response = httpx.post(f"{digits.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60)
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["model"] == "digits" and body["version"] == digits.version
-    accuracy = float(np.mean(np.array(body["predictions"]) == frame["target"].to_numpy()))
+    truth = frame["target"].to_numpy()
+    accuracy = float(np.mean(np.array(body["predictions"]) == truth))
     assert accuracy == digits.test_metrics["accuracy"]
     from rayline.registry import Registry
 
     assert accuracy == Registry(ws).resolve("digits", digits.version).metrics["test_accuracy"]
+    probs = np.array([[p[str(digit)] for digit in range(10)] for p in body["probabilities"]])
+    predicted = probs.argmax(axis=1)
+    labels = np.arange(10)
+    expected = {
+        "f1": skm.f1_score(truth, predicted, labels=labels, average="macro", zero_division=0),
+        "recall": skm.recall_score(truth, predicted, labels=labels, average="macro", zero_division=0),
+        "log_loss": skm.log_loss(truth, probs, labels=labels),
+        "roc_auc": skm.roc_auc_score(truth, probs, multi_class="ovr", labels=labels),
+    }
+    for name, value in expected.items():  # float32 model outputs, float64 over JSON: to 1e-6
+        assert digits.test_metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+
+
+def test_the_two_torch_workers_valid_metrics_are_the_whole_splits(digits, test_split):
+    """Each DDP worker predicted its own share of the valid split; their metric partials, gathered
+    over torch.distributed (rayline/train/loop.py), give the registered model's metrics on the
+    whole split computed here in one process."""
+    from rayline.train.metrics import compute_metrics
+
+    _, model, _, data = test_split
+    valid = data.valid.to_pandas()
+    features = np.stack(valid["features"].to_numpy()).astype(np.float32)
+    expected = compute_metrics("classification", model._predict(features), valid["label"].to_numpy())
+    assert expected.keys() <= digits.valid_metrics.keys()
+    for name, value in expected.items():
+        assert digits.valid_metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
 def test_offline_and_online_predictions_are_identical(digits, test_split):
@@ -128,7 +168,7 @@ def test_offline_and_online_predictions_are_identical(digits, test_split):
 
     from rayline.data.pipeline import _ToTrainingBatch
 
-    frame, model, _ = test_split
+    frame, model, _, _ = test_split
     features = [f.name for f in model.preprocessing.features]
     rows = frame[features].head(40).to_dict(orient="records")
     ds = ray.data.from_pandas(frame.head(40)).map_batches(_ToTrainingBatch(model.preprocessing), batch_format="pandas")

@@ -17,8 +17,9 @@ def _served_and_identical(summary, ws, spec):
     from rayline.train.probe import read_probe
 
     data = prepare_data(spec)
-    frame = data.test_frame
+    frame = data.collect_test_rows()
     model = load_model(spec.name, summary.version, workspace=str(ws.root))
+    _assert_valid_metrics_are_the_whole_splits(summary, data, model)
     rows = frame[[f.name for f in model.preprocessing.features]].to_dict(orient="records")
     # Against training itself: the outputs the live model gave in the Train worker on the probe rows
     # (the test split's rows with the smallest split hashes; rayline/train/probe.py), and the route's answers for them.
@@ -39,6 +40,22 @@ def _served_and_identical(summary, ws, spec):
     meta = httpx.get(f"{summary.endpoint}/metadata", timeout=30).json()
     assert meta["framework"] == spec.model.framework and len(meta["versions"]) >= 2
     return np.mean(np.array(online.json()["predictions"]) == frame[spec.data.label].to_numpy())
+
+
+def _assert_valid_metrics_are_the_whole_splits(summary, data, model, rel=1e-5):
+    """The valid metrics the workers reported (each predicts its own share of the valid split;
+    their metric partials are gathered over the framework's collective: rayline/train/loop.py)
+    equal the registered model's metrics on the whole split, computed here in one process."""
+    from rayline.train.loop import read_state
+    from rayline.train.metrics import compute_metrics
+
+    (trained,) = [t.result for t in summary.trials]
+    assert read_state(trained.checkpoint_dir)["epoch"] == trained.metrics["epoch"]  # the registered checkpoint's epoch
+    valid = data.valid.to_pandas()
+    features = np.stack(valid["features"].to_numpy()).astype(np.float32)
+    expected = compute_metrics(summary.task, model._predict(features), valid["label"].to_numpy())
+    for name, value in expected.items():
+        assert trained.metrics[name] == pytest.approx(value, rel=rel, abs=1e-6), (name, trained.metrics, expected)
 
 
 def test_tensorflow_multiworker_end_to_end(ray_session, ws):
@@ -110,6 +127,10 @@ def test_regression_reports_the_torch_metric_names(ray_session, ws, framework, m
     assert summary.test_metrics["r2"] > 0.1, summary.test_metrics
     model_ = load_model(spec.name, summary.version, workspace=str(ws.root))
     assert model_.meta["framework"] == framework
+    if not technique:  # bf16 workers: their outputs are not the fp32 model's
+        from rayline.data import prepare_data
+
+        _assert_valid_metrics_are_the_whole_splits(summary, prepare_data(spec), model_)
     # What a Serve replica does: load the model and predict; only its own framework is imported.
     code = (f"import sys; from rayline import load_model; m = load_model({spec.name!r}, {summary.version!r}, workspace={str(ws.root)!r}); "
             "m.predict([{f.name: 0.0 for f in m.preprocessing.features}]); "

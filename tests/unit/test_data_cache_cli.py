@@ -66,7 +66,7 @@ def test_an_entry_whose_listed_file_changed_is_a_miss_and_is_removed(tmp_path):
     meta["files"] = {"train/part-0.parquet": 2048}
     (path / "meta.json").write_text(json.dumps(meta))
     (path / "train" / "part-0.parquet").write_bytes(b"x" * 10)  # truncated
-    assert DataCache(root).load("k", split_test=False) is None
+    assert DataCache(root).load("k") is None
     assert not path.exists()
 
 

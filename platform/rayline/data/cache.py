@@ -1,15 +1,18 @@
 """The data stage's cache: an unchanged data stage is read back, not recomputed.
 
-An entry holds one preprocessing variant's output: the fitted preprocessing, the three
-model-ready splits (Parquet, written and read by Ray Data), the raw test rows and the probe
-rows. Its key is a hash of everything the output depends on: the source's fingerprint
+An entry holds one preprocessing variant's output: the fitted preprocessing, the model-ready
+train and valid splits and the raw test rows (Parquet, written by Ray Data, read back in Ray
+tasks: no split passes through the driver), and the probe rows. Its key is a hash of everything the output depends on: the source's fingerprint
 (data/sources.py: each file's name, size and modification time by default), the spec's
 `data` section (source, label, features, split, preprocess) and `task`, and the rayline and
 Ray versions. A changed file, a changed `data` key or another version is another key, never a
 wrong hit; an entry with a missing or unreadable part is a miss (and is removed).
 
-Entries are written under a temporary name and renamed into place when complete, so a run
-killed while writing leaves no entry that looks whole. They live in the workspace
+The splits' Parquet files are written by the Ray tasks that compute their blocks (`write_block`:
+no second pass over the data to store it), into the entry's temporary folder; the entry is
+renamed into place when complete, so a run killed while writing leaves no entry that looks
+whole. A block's file is named by a digest of its rows' split hashes: a task that Ray runs again
+(a worker lost mid-stage) rewrites the same file instead of adding a second copy of its rows. They live in the workspace
 (`<workspace>/data-cache/<key>/`); a workspace on object storage has no cache yet (its
 root is local to the driver, and Ray's workers on other nodes could not read it).
 """
@@ -26,10 +29,11 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["DataCache", "CacheEntry", "cache_key", "CACHE_FORMAT"]
+__all__ = ["DataCache", "CacheEntry", "EntryWriter", "cache_key", "write_block", "CACHE_FORMAT", "SPLIT_FOLDERS"]
 
-CACHE_FORMAT = 1  # bumped when an entry's layout changes: older entries become misses
-_SPLITS = ("train", "valid", "test")
+CACHE_FORMAT = 2  # bumped when an entry's layout changes: older entries become misses
+SPLIT_FOLDERS = ("train", "valid", "test_rows")  # PreparedData's datasets, a folder of Parquet files each
+_SPLITS = SPLIT_FOLDERS
 _META = "meta.json"
 
 
@@ -125,8 +129,8 @@ class DataCache:
             out.append(CacheEntry(path.name, path, meta))
         return sorted(out, key=lambda e: e.created)
 
-    def load(self, key: str, split_test: bool):
-        """(meta, fitted preprocessing, {split: materialized Dataset}, test_frame, probe_frame), or None on a miss."""
+    def load(self, key: str):
+        """(meta, fitted preprocessing, {split: materialized Dataset}, probe_frame), or None on a miss."""
         from rayline.data.preprocess import FittedPreprocessing
 
         path = self.root / key
@@ -142,9 +146,7 @@ class DataCache:
                 if (path / name).stat().st_size != size:
                     raise ValueError(f"{name}: another size")
             preprocessing = FittedPreprocessing.load(path / "preprocessing.json")
-            wanted = _SPLITS if split_test else _SPLITS[:2]
-            datasets = {s: _read_split(path / s) for s in wanted}
-            test_frame = pd.read_parquet(path / "test_frame.parquet")
+            datasets = {s: _read_split(path / s) for s in _SPLITS}
             probe_file = path / "probe_frame.parquet"
             probe_frame = pd.read_parquet(probe_file) if probe_file.exists() else None
         except FileNotFoundError:
@@ -155,36 +157,20 @@ class DataCache:
             shutil.rmtree(path, ignore_errors=True)
             return None
         os.utime(path / _META)  # last used: prune --older-than keeps what runs still read
-        return meta, preprocessing, datasets, test_frame, probe_frame
+        return meta, preprocessing, datasets, probe_frame
 
     # ------------------------------------------------------------ writing
 
-    def store(self, key: str, data, meta: dict) -> None:
-        """Write `data` (a PreparedData) under `key`: complete, or not at all."""
+    def scratch(self, name: str) -> Path:
+        """A temporary folder in the cache (files several entries share while being written);
+        the caller removes it, and `prune` removes one a killed run left."""
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{key}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-        try:
-            tmp.mkdir()
-            for split in _SPLITS:
-                ds = getattr(data, split)
-                if ds is not None:
-                    ds.write_parquet(str(tmp / split))
-            data.preprocessing.save(tmp / "preprocessing.json")
-            data.test_frame.to_parquet(tmp / "test_frame.parquet", index=False)
-            if data.probe_frame is not None:
-                data.probe_frame.to_parquet(tmp / "probe_frame.parquet", index=False)
-            files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
-            (tmp / _META).write_text(json.dumps({**meta, "key": key, "format": CACHE_FORMAT, "created": time.time(),
-                                                 "files": files}, indent=1, default=str))
-            target = self.root / key
-            if target.exists() and not self.read:  # --no-cache: the recomputed entry replaces the old one
-                shutil.rmtree(target, ignore_errors=True)
-            try:
-                os.rename(tmp, target)
-            except OSError:  # another run wrote the same entry meanwhile: theirs is as good
-                pass
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        return self.root / f".{name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+
+    def writer(self, key: str) -> "EntryWriter":
+        """An entry being written under `key` (see EntryWriter)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return EntryWriter(self, key)
 
     def size(self) -> tuple[int, int]:
         """(entries, bytes) of the whole cache, so that its growth is seen where it happens."""
@@ -206,3 +192,77 @@ class DataCache:
             for leftover in self.root.glob(".*.tmp-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
         return removed
+
+
+def write_block(table, folder: str, hashes) -> None:
+    """Write one block of a split (an Arrow table) into `folder` of an entry being written; called
+    in the Ray task that computed the block. `hashes`: its rows' split hashes, which name the file
+    (the same block gives the same name, see the module docstring). Empty blocks write nothing."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    if not table.num_rows:
+        return
+    os.makedirs(folder, exist_ok=True)
+    name = hashlib.sha256(np.ascontiguousarray(hashes).tobytes()).hexdigest()[:32]
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    # zstd: the smallest files and the fastest to read back of snappy, lz4 and zstd, measured on
+    # a block of 800,000 model-ready rows (0.26 s to write, 11 MiB).
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, os.path.join(folder, f"{name}.parquet"))
+
+
+class EntryWriter:
+    """One entry being written: Ray tasks write the splits' blocks into `folder(split)`
+    (`write_block`), then `commit` adds the rest and renames the entry into place; `abort`
+    (or leaving a `with` block on an exception) removes it."""
+
+    def __init__(self, cache: DataCache, key: str):
+        self.cache, self.key = cache, key
+        self.tmp = cache.root / f".{key}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+        self.tmp.mkdir()
+
+    def folder(self, split: str) -> str:
+        return str(self.tmp / split)
+
+    def link(self, split: str, folder: str) -> None:
+        """Put the Parquet files of `folder` (written once for several entries: the raw test rows
+        every preprocessing variant shares) under `split`, hard-linked where the disk allows."""
+        target = self.tmp / split
+        target.mkdir(exist_ok=True)
+        for f in Path(folder).glob("*.parquet"):
+            try:
+                os.link(f, target / f.name)
+            except OSError:
+                shutil.copyfile(f, target / f.name)
+
+    def commit(self, data, meta: dict) -> None:
+        """Complete the entry with `data`'s (a PreparedData) fitted preprocessing and probe rows."""
+        tmp = self.tmp
+        try:
+            for split in SPLIT_FOLDERS:
+                (tmp / split).mkdir(exist_ok=True)  # a split of no rows has no files
+            data.preprocessing.save(tmp / "preprocessing.json")
+            if data.probe_frame is not None:
+                data.probe_frame.to_parquet(tmp / "probe_frame.parquet", index=False)
+            files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+            (tmp / _META).write_text(json.dumps({**meta, "key": self.key, "format": CACHE_FORMAT, "created": time.time(),
+                                                 "files": files}, indent=1, default=str))
+            target = self.cache.root / self.key
+            if target.exists() and not self.cache.read:  # --no-cache: the recomputed entry replaces the old one
+                shutil.rmtree(target, ignore_errors=True)
+            try:
+                os.rename(tmp, target)
+            except OSError:  # another run wrote the same entry meanwhile: theirs is as good
+                pass
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> "EntryWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.abort()  # after commit: nothing left to remove

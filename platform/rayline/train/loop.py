@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Iterator
 from rayline.workspace import owned_tempdir, sweep_orphans
 
 __all__ = ["with_last", "Throughput", "TRAINING_STATS", "EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays", "shard_batches",
-           "sha256_of"]
+           "sha256_of", "own_valid_rows", "eval_chunks", "combine_metrics"]
 
 STATE_FILE = "rayline_state.json"
 MODEL_DIR = "model"
@@ -98,6 +98,66 @@ def shard_arrays(shard, num_features: int, label_dtype):
     if not batches:
         return np.zeros((0, num_features), np.float32), np.zeros((0,), label_dtype)
     return np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches])
+
+
+def own_valid_rows(shard, num_features: int, label_dtype, rank: int, world: int):
+    """This worker's share of the valid split: (features (n, d), labels, most rows any worker holds).
+
+    Every worker reads the unsplit "valid" dataset once and keeps rows rank, rank + world, ... of
+    each batch: disjoint shares covering every row, whatever the number of workers (elastic
+    runs change it between restarts), held 1/world each. Ray's own split (`equal=True`) would
+    drop rows and make the metric differ from the one on the whole split. The most rows any
+    worker holds tells each how many forward calls to make (`eval_chunks`)."""
+    import numpy as np
+
+    xs, ys, most = [], [], np.zeros(world, dtype=np.int64)
+    for batch in shard.iter_batches(batch_size=65536, batch_format="numpy"):
+        n = len(batch["label"])
+        most += [len(range(r, n, world)) for r in range(world)]
+        labels = np.asarray(batch["label"][rank::world], dtype=label_dtype)
+        xs.append(np.asarray(batch["features"][rank::world], dtype=np.float32).reshape(len(labels), num_features))
+        ys.append(labels)
+    if not xs:
+        return np.zeros((0, num_features), np.float32), np.zeros((0,), label_dtype), 0
+    return np.concatenate(xs), np.concatenate(ys), int(most.max())
+
+
+def eval_chunks(rows: int, most: int, chunk: int) -> list[slice]:
+    """Slices of a worker's `rows` valid rows, `chunk` at a time, as many as the worker holding the
+    `most` rows needs: a forward pass can be a collective (FSDP gathers its shards, reading a
+    MultiWorkerMirroredStrategy variable can sync), so every worker makes the same number of
+    calls; a worker with fewer rows makes some on empty slices (callers run those on a dummy row)."""
+    return [slice(min(i, rows), min(i + chunk, rows)) for i in range(0, max(most, 1), chunk)]
+
+
+def combine_metrics(part, rank: int, world: int, allreduce_sum: Callable) -> dict:
+    """The metrics of every worker's rows: each worker's MetricPartials (rayline/train/metrics.py)
+    gathered to all workers over the training collective, merged in rank order, so every worker
+    gets the same numbers, equal to the metrics of all rows in one process.
+
+    `allreduce_sum(int64 array) -> the array summed over the workers` is the framework's own
+    collective (torch.distributed, tf.distribute, xgboost.collective). A gather is built from it:
+    each worker writes its pickled partials into its own row of a zero table, so the sum holds
+    every worker's bytes exactly."""
+    import pickle
+
+    import numpy as np
+
+    if world == 1:
+        return part.result()
+    blob = pickle.dumps(part)
+    sizes = np.zeros(world, dtype=np.int64)
+    sizes[rank] = len(blob)
+    sizes = np.asarray(allreduce_sum(sizes), dtype=np.int64).reshape(world)
+    table = np.zeros((world, -(-int(sizes.max()) // 8)), dtype=np.int64)
+    table[rank].view(np.uint8)[:len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+    # reshape: xgboost's allreduce gives a 2-D array back flat
+    table = np.asarray(allreduce_sum(table), dtype=np.int64).reshape(table.shape)
+    total = None
+    for r in range(world):
+        other = pickle.loads(table[r].view(np.uint8)[:int(sizes[r])].tobytes())
+        total = other if total is None else total.merge(other)
+    return total.result()
 
 
 def sha256_of(chunks: Iterable[bytes]) -> str:

@@ -23,8 +23,9 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict, build_from_arch
-from rayline.train.loop import EpochReporter, Throughput, sha256_of, shard_arrays, with_last
-from rayline.train.metrics import compute_metrics, softmax
+from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, eval_chunks, own_valid_rows, sha256_of,
+                                with_last)
+from rayline.train.metrics import MetricPartials, softmax
 from rayline.train.probe import probe_features, write_probe
 from rayline.train.tf_steps import TfSteps, make_strategy
 
@@ -187,9 +188,15 @@ class TensorflowBackend(Backend):
             return tf.cast(model(x, training=False), tf.float32)
 
         train_shard = ray.train.get_dataset_shard("train")
-        # "valid" is not split: every worker holds all of it, and every worker evaluates
-        # it (reading variables can be a collective op, so all ranks must).
-        valid_x, valid_y = shard_arrays(ray.train.get_dataset_shard("valid"), num_features, label_dtype)
+        # This worker's share of "valid"; the metrics combine every worker's (loop.py).
+        valid_x, valid_y, valid_most = own_valid_rows(ray.train.get_dataset_shard("valid"), num_features, label_dtype,
+                                                      reporter.rank, reporter.world_size)
+        dummy_x = np.zeros((1, num_features), np.float32)
+
+        def allreduce_sum(values: np.ndarray) -> np.ndarray:
+            # One replica per worker (make_strategy: several workers -> MultiWorkerMirroredStrategy).
+            per_replica = strategy.run(lambda: tf.constant(values))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()
         probe_x = probe_features(num_features)  # the probe rows of the test split (rayline/train/probe.py)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
 
@@ -208,10 +215,13 @@ class TensorflowBackend(Backend):
             # The learning rate is a (mirrored) variable: read its value, not the variable object.
             stats = meter.stats(reporter.world_size, float(np.asarray(tf.convert_to_tensor(optimizer.learning_rate))))
 
-            raw = np.concatenate(
-                [infer(tf.constant(valid_x[i:i + _PREDICT_BATCH])).numpy() for i in range(0, len(valid_x), _PREDICT_BATCH)]
-            ) if len(valid_x) else np.zeros((0, arch["num_outputs"]), np.float32)
-            metrics = compute_metrics(config["task"], _outputs(raw, classification, probabilities), valid_y)
+            # As many calls on every worker (eval_chunks: reading variables can be a collective op);
+            # a dummy row's output is dropped.
+            outputs = [infer(tf.constant(valid_x[s] if s.stop > s.start else dummy_x)).numpy()[:s.stop - s.start]
+                       for s in eval_chunks(len(valid_x), valid_most, _PREDICT_BATCH)]
+            raw = np.concatenate(outputs) if outputs else np.zeros((0, arch["num_outputs"]), np.float32)
+            part = MetricPartials.of(config["task"], _outputs(raw, classification, probabilities), valid_y)
+            metrics = combine_metrics(part, reporter.rank, reporter.world_size, allreduce_sum)
             # The live model's outputs on the probe rows, as `load`'s predict computes them (every
             # rank, as above); rank 0's checkpoint holds them. Under train.precision bf16/fp16 the
             # layers compute in that precision here, and in fp32 when served: recorded as such.

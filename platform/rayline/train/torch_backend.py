@@ -9,8 +9,9 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict, build_from_arch
-from rayline.train.loop import EpochReporter, Throughput, sha256_of, shard_arrays, with_last
-from rayline.train.metrics import compute_metrics, softmax
+from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, eval_chunks, own_valid_rows, sha256_of,
+                                with_last)
+from rayline.train.metrics import MetricPartials, softmax
 from rayline.train.probe import probe_features, write_probe
 from rayline.train.torch_steps import TorchSteps, register_compression
 
@@ -133,11 +134,20 @@ class TorchBackend(Backend):
         loss_fn = torch.nn.CrossEntropyLoss() if classification else torch.nn.MSELoss()
         label_dtype = torch.long if classification else torch.float32
         train_shard = ray.train.get_dataset_shard("train")
-        # "valid" is not split and never changes: read it once, not one Ray Data execution
-        # per epoch (most of an epoch's time on small data).
-        valid_x, valid_y = shard_arrays(ray.train.get_dataset_shard("valid"), config["arch"]["num_features"],
-                                        np.int64 if classification else np.float32)
+        # This worker's share of "valid", read once, not one Ray Data execution per epoch (most
+        # of an epoch's time on small data); the metrics combine every worker's (loop.py).
+        valid_x, valid_y, valid_most = own_valid_rows(ray.train.get_dataset_shard("valid"), config["arch"]["num_features"],
+                                                      np.int64 if classification else np.float32,
+                                                      reporter.rank, reporter.world_size)
         valid_x = torch.from_numpy(valid_x).to(device)
+        dummy_x = torch.zeros((1, config["arch"]["num_features"]), device=device)
+
+        def allreduce_sum(values: np.ndarray) -> np.ndarray:
+            import torch.distributed as dist
+
+            tensor = torch.from_numpy(values).to(device)
+            dist.all_reduce(tensor)
+            return tensor.cpu().numpy()
         # The probe rows of the test split (rayline/train/probe.py), predicted below at every epoch.
         probe_x = probe_features(config["arch"]["num_features"])
         probe_x = None if probe_x is None else torch.from_numpy(probe_x).to(device)
@@ -166,10 +176,12 @@ class TorchBackend(Backend):
             stats = meter.stats(reporter.world_size, optimizer.param_groups[0]["lr"])
 
             model.eval()
-            with torch.no_grad():
-                outputs = [model(valid_x[i:i + _EVAL_BATCH]).cpu().numpy() for i in range(0, len(valid_x), _EVAL_BATCH)]
+            with torch.no_grad():  # as many calls on every worker (eval_chunks); a dummy row's output is dropped
+                outputs = [model(valid_x[s] if s.stop > s.start else dummy_x)[:s.stop - s.start].float().cpu().numpy()
+                           for s in eval_chunks(len(valid_x), valid_most, _EVAL_BATCH)]
             raw = np.concatenate(outputs) if outputs else np.zeros((0, config["arch"]["num_outputs"]), np.float32)
-            metrics = compute_metrics(config["task"], softmax(raw) if classification else raw.reshape(-1), valid_y)
+            part = MetricPartials.of(config["task"], softmax(raw) if classification else raw.reshape(-1), valid_y)
+            metrics = combine_metrics(part, reporter.rank, reporter.world_size, allreduce_sum)
             # The live model's outputs on the probe rows, as `load`'s predict computes them (every
             # rank: a sharded forward is a collective); rank 0's checkpoint holds them.
             probe = None

@@ -2,10 +2,12 @@
 
 Ray Train (V2) starts the rabit tracker and wraps each worker's train function in
 xgboost's CommunicatorContext, so `xgboost.train` on each worker's shard of "train"
-builds one shared booster (histograms are all-reduced). Every worker holds all of
-"valid"; a TrainingCallback evaluates it every `checkpoint_every` rounds with rayline's
-`compute_metrics` and reports through `EpochReporter` ("epoch" = boosting round index,
-0-based), which also gives the best checkpoint and resume after a worker failure.
+builds one shared booster (histograms are all-reduced). Every worker holds its share of
+"valid" (loop.own_valid_rows); a TrainingCallback evaluates it every `checkpoint_every`
+rounds, combines the workers' metric partials over the collective (loop.combine_metrics: the
+metrics of the whole split, the same on every worker) and reports through `EpochReporter`
+("epoch" = boosting round index, 0-based), which also gives the best checkpoint and resume
+after a worker failure.
 
 Parameters of kind `gbdt` (`model.params`) go to xgboost as they are, except:
 - num_boost_round: rounds in all (default: train.epochs, which the spec documents as
@@ -30,8 +32,8 @@ import os
 import numpy as np
 
 from rayline.train.backend import Backend, Predict
-from rayline.train.loop import EpochReporter, Throughput, sha256_of, shard_arrays, shard_batches
-from rayline.train.metrics import compute_metrics
+from rayline.train.loop import EpochReporter, Throughput, combine_metrics, own_valid_rows, sha256_of, shard_batches
+from rayline.train.metrics import MetricPartials
 from rayline.train.probe import probe_features, write_probe
 
 __all__ = ["XGBoostBackend", "BACKEND", "objective_params"]
@@ -147,7 +149,9 @@ class XGBoostBackend(Backend):
 
         train_batches = shard_batches(ray.train.get_dataset_shard("train"), arch["num_features"], label_dtype)
         train_rows = sum(len(y) for _, y in train_batches)
-        valid_x, valid_y = shard_arrays(ray.train.get_dataset_shard("valid"), arch["num_features"], label_dtype)
+        # This worker's share of "valid"; the metrics combine every worker's (loop.py).
+        valid_x, valid_y, _ = own_valid_rows(ray.train.get_dataset_shard("valid"), arch["num_features"], label_dtype,
+                                             reporter.rank, reporter.world_size)
         probe_x = probe_features(arch["num_features"])  # the probe rows of the test split (rayline/train/probe.py)
         # Every worker builds its matrix (construction syncs the column count, and the quantile
         # sketch of a QuantileDMatrix, over the collective).
@@ -192,8 +196,10 @@ class XGBoostBackend(Backend):
                     if not early_stopping or rnd - state["best_round"] < early_stopping:
                         return False
                     # early stopping is due between checkpoints: evaluate now, stop here
-                raw = model.inplace_predict(valid_x) if len(valid_x) else np.zeros((0,))
-                metrics = compute_metrics(task, _outputs(raw, task, num_outputs), valid_y)
+                raw = model.inplace_predict(valid_x) if len(valid_x) else np.zeros((0, num_outputs if num_outputs > 2 else 1))
+                part = MetricPartials.of(task, _outputs(raw, task, num_outputs), valid_y)
+                metrics = combine_metrics(part, reporter.rank, reporter.world_size,
+                                          lambda values: collective.allreduce(values, collective.Op.SUM))
                 # The live booster's outputs on the probe rows, as `load`'s predict computes them;
                 # rank 0's checkpoint holds them.
                 probe = None
@@ -206,8 +212,8 @@ class XGBoostBackend(Backend):
                         state["best_score"], state["best_round"] = float(score), rnd
                 stop = bool(early_stopping) and state["best_round"] >= 0 and rnd - state["best_round"] >= early_stopping
                 if collective.is_distributed():
-                    # Every worker evaluates the same booster on the same rows; rank 0 decides
-                    # anyway, so that no worker leaves the collective while another stays.
+                    # Every worker has the same combined metrics; rank 0 decides anyway, so
+                    # that no worker leaves the collective while another stays.
                     stop = bool(collective.broadcast(stop, 0))
                 state["stopped"] = stop or last
                 snapshot = dict(state)

@@ -1,0 +1,80 @@
+"""Test metrics of a model artifact, computed where the test rows are.
+
+The registered version's test metrics come from the serving Predictor (compiled preprocessing,
+then the model: the code every Serve replica runs) on the raw test rows. The rows stay in Ray's
+object store: one Ray Data task per block predicts its rows and returns their
+`MetricPartials` (rayline/train/metrics.py), a few KB whatever the block's size; the driver
+merges them. Nothing in the driver grows with the test split.
+
+The artifact travels as a tar in the object store (a few MB: the weights and the fitted
+preprocessing), so workers on any node can load it; each worker process loads it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import tarfile
+import tempfile
+
+__all__ = ["evaluate_rows"]
+
+_PARTIAL = "partial"
+_LOADED: dict[str, object] = {}  # artifact digest -> Predictor, per worker process
+
+
+def evaluate_rows(artifact_dir: str, rows) -> dict[str, float]:
+    """Metrics of the artifact on `rows` (a Ray Dataset of raw labelled rows: features and label)."""
+    import json
+
+    import ray
+
+    from rayline.model import META_FILE, artifact_root
+    from rayline.train.metrics import MetricPartials
+
+    blob = _pack(artifact_dir)
+    partials = rows.map_batches(_block_partials, fn_kwargs={"artifact": ray.put(blob), "digest": hashlib.sha256(blob).hexdigest()},
+                                batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
+    with open(os.path.join(artifact_root(artifact_dir), META_FILE)) as fh:
+        task = json.load(fh)["task"]
+    total = None
+    for batch in partials.iter_batches(batch_format="pyarrow", batch_size=None):
+        for data in batch.column(_PARTIAL).to_pylist():
+            part = pickle.loads(data)
+            total = part if total is None else total.merge(part)
+    return (total or MetricPartials(task)).result()
+
+
+def _block_partials(table, artifact, digest: str):
+    """One block's raw rows -> a one-row table holding their pickled MetricPartials."""
+    import pyarrow as pa
+
+    predictor = _predictor(artifact, digest)
+    # ignore_metadata: strings as pandas' default columns, as `pd.read_csv` and serving give them.
+    part = predictor.metric_partials(table.to_pandas(ignore_metadata=True))
+    return pa.table({_PARTIAL: pa.array([pickle.dumps(part)], type=pa.binary())})
+
+
+def _predictor(artifact, digest: str):
+    if digest not in _LOADED:
+        import ray
+
+        from rayline.model import Predictor
+
+        blob = ray.get(artifact)
+        with tempfile.TemporaryDirectory(prefix="rayline-eval-") as tmp:
+            with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+                tar.extractall(tmp, filter="data")
+            _LOADED.clear()  # one artifact at a time: a worker reused by another run frees the last
+            _LOADED[digest] = Predictor(tmp)
+    return _LOADED[digest]
+
+
+def _pack(artifact_dir: str) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name in sorted(os.listdir(artifact_dir)):
+            tar.add(os.path.join(artifact_dir, name), arcname=name)
+    return buffer.getvalue()
