@@ -93,14 +93,25 @@ def test_split_is_the_same_for_any_file_and_block_layout(churn, tmp_path):
         other = prepare_data(apply_overrides(spec, {"data.source.path": str(folder)}))
     finally:
         ctx.target_max_block_size = saved
-    assert one.rows == other.rows and sum(one.rows.values()) == 400 and min(one.rows.values()) > 0
+    # And the one file read in parallel byte ranges of 512 bytes (data/csv_ranges.py; 64 MB unless set).
+    from rayline.data import csv_ranges
+
+    saved_range = csv_ranges.RANGE_BYTES
+    csv_ranges.RANGE_BYTES = 512
+    try:
+        ranged = prepare_data(spec)
+    finally:
+        csv_ranges.RANGE_BYTES = saved_range
+    assert os.path.getsize(spec.data.source.path) > 8 * 512  # several ranges
+    assert one.rows == other.rows == ranged.rows and sum(one.rows.values()) == 400 and min(one.rows.values()) > 0
 
     def ordered(f):
         return f.sort_values(list(f.columns)).reset_index(drop=True)
 
-    pd.testing.assert_frame_equal(ordered(one.collect_test_rows()), ordered(other.collect_test_rows()))
-    pd.testing.assert_frame_equal(one.probe_frame, other.probe_frame)
-    assert _rounded(one.preprocessing.to_dict()) == _rounded(other.preprocessing.to_dict())
+    for layout in (other, ranged):
+        pd.testing.assert_frame_equal(ordered(one.collect_test_rows()), ordered(layout.collect_test_rows()))
+        pd.testing.assert_frame_equal(one.probe_frame, layout.probe_frame)
+        assert _rounded(one.preprocessing.to_dict()) == _rounded(layout.preprocessing.to_dict())
     columns = ["plan", "tenure", "fee", "churn"]
     hashes = row_hashes(frame, columns, spec.data.split.seed)
     thresholds = Thresholds(spec.data.split.valid, spec.data.split.test)

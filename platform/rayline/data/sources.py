@@ -409,7 +409,11 @@ def read_dataset(source):
     try:
         # resolve_paths already chose the files: Ray's suffix filters would drop .pq / .ndjson
         if source.format == "csv":
-            ds = ray.data.read_csv(files, file_extensions=None, convert_options=_csv_convert_options())
+            from rayline.data.csv_ranges import read_csv_ranges, use_ranges
+
+            # A large local file in parallel byte ranges (data/csv_ranges.py); else Ray's reader, a task per file.
+            ds = (read_csv_ranges(files, _csv_convert_options()) if use_ranges(files)
+                  else ray.data.read_csv(files, file_extensions=None, convert_options=_csv_convert_options()))
         elif source.format == "parquet":
             ds = ray.data.read_parquet(files, file_extensions=None)
         elif any(is_uri(f) for f in files):
