@@ -153,11 +153,20 @@ def quiet_driver_logs() -> None:
     for handler in logging.getLogger("ray.data").handlers:
         if "File" not in type(handler).__name__:  # Ray Data's SessionFileHandler keeps INFO
             handler.setLevel(logging.WARNING)
+            handler.addFilter(_drop_no_cpus_warning)
     for name in ("ray.serve", "ray.tune"):
         logging.getLogger(name).setLevel(logging.WARNING)
     # "Token authentication is enabled/disabled for this Ray cluster ..." at every start of an embedded
     # Ray: rayline decides token mode itself (cluster_probe) and says what matters in its errors.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+
+
+def _drop_no_cpus_warning(record) -> bool:
+    """Ray Data's "the Ray cluster currently does not have any available CPUs ... will hang"
+    warning: printed at the first read of a `rayline run` on a freshly started embedded Ray
+    (its CPUs register a moment later, and the read goes on), where it is wrong and alarming.
+    Kept out of the terminal only: Ray's own log file still has it."""
+    return "does not have any available CPUs" not in record.getMessage()
 
 
 def _read_record(ws: Workspace) -> dict | None:

@@ -150,3 +150,24 @@ def test_models_on_a_fresh_workspace_prints_only_its_answer(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "no registered models yet: run `rayline run SPEC`"
     assert "INFO" not in out.stderr and "Creating initial MLflow database tables" not in out.stderr, out.stderr
+
+
+def test_ray_datas_no_cpus_warning_stays_out_of_the_terminal():
+    """Ray Data warns that "the Ray cluster currently does not have any available CPUs" at the first
+    read on a freshly started embedded Ray; rayline keeps that one (only) off the terminal."""
+    import logging
+
+    from rayline.cluster import quiet_driver_logs
+
+    quiet_driver_logs()
+    terminal = [h for h in logging.getLogger("ray.data").handlers if "File" not in type(h).__name__]
+    assert terminal
+
+    def record(message):
+        return logging.LogRecord("ray.data.dataset", logging.WARNING, __file__, 1, message, None, None)
+
+    no_cpus = record("Warning: The Ray cluster currently does not have any available CPUs. The Dataset job will hang "
+                     "unless more CPUs are freed up.")
+    other = record("Warning: some other problem with the dataset")
+    assert not any(h.filter(no_cpus) for h in terminal)
+    assert all(h.filter(other) for h in terminal)
