@@ -93,15 +93,15 @@ def test_split_is_the_same_for_any_file_and_block_layout(churn, tmp_path):
         other = prepare_data(apply_overrides(spec, {"data.source.path": str(folder)}))
     finally:
         ctx.target_max_block_size = saved
-    # And the one file read in parallel byte ranges of 512 bytes (data/csv_ranges.py; 64 MB unless set).
+    # And the one file read in parallel byte ranges of 512 bytes (data/csv_ranges.py; 8-64 MB unless set).
     from rayline.data import csv_ranges
 
-    saved_range = csv_ranges.RANGE_BYTES
-    csv_ranges.RANGE_BYTES = 512
+    saved_range = csv_ranges.MIN_RANGE_BYTES, csv_ranges.RANGE_BYTES
+    csv_ranges.MIN_RANGE_BYTES = csv_ranges.RANGE_BYTES = 512
     try:
         ranged = prepare_data(spec)
     finally:
-        csv_ranges.RANGE_BYTES = saved_range
+        csv_ranges.MIN_RANGE_BYTES, csv_ranges.RANGE_BYTES = saved_range
     assert os.path.getsize(spec.data.source.path) > 8 * 512  # several ranges
     assert one.rows == other.rows == ranged.rows and sum(one.rows.values()) == 400 and min(one.rows.values()) > 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rayline.data.csv_ranges import _range_bytes, byte_ranges, use_ranges
+from rayline.data.csv_ranges import MIN_RANGE_BYTES, RANGE_BYTES, _range_bytes, byte_ranges, range_size, use_ranges
 
 
 @pytest.mark.parametrize("newline", [b"\n", b"\r\n"])
@@ -34,3 +34,9 @@ def test_only_large_local_uncompressed_files_use_ranges(tmp_path):
     assert use_ranges([str(small), str(large)], range_bytes=1000)
     assert not use_ranges([str(packed)], range_bytes=1000)  # compressed: no byte ranges
     assert not use_ranges(["s3://bucket/l.csv"], range_bytes=1000)
+
+
+def test_a_file_is_cut_into_two_ranges_per_cpu_within_the_bounds():
+    assert range_size(400 * 2**20, cpus=2) == 64 * 2**20 == RANGE_BYTES  # 100 MB each would be too large
+    assert range_size(35 * 2**20, cpus=2) == 35 * 2**20 // 4  # the 1M-row benchmark file: 4 ranges on 2 CPUs
+    assert range_size(10 * 2**20, cpus=16) == MIN_RANGE_BYTES  # not 320 KB ranges

@@ -2,8 +2,9 @@
 
 Ray Data reads a CSV file in one task (files are its unit of parallelism), so one 3 GB file
 is parsed by one core while the others wait, and every later step starts from its ~1 MB blocks
-(hundreds of tiny tasks). Here a file is cut into ranges of RANGE_BYTES, each parsed by its
-own Ray task into one block.
+(hundreds of tiny tasks). Here a file is cut into byte ranges, each parsed by its own Ray task
+into one block: about two ranges per CPU of the cluster, each between MIN_RANGE_BYTES and
+RANGE_BYTES (`range_size`).
 
 A row belongs to the range its line starts in: a task skips the partial line at its start and
 reads past its end to the end of the line it is in. That is exact because Arrow's CSV parser, as
@@ -13,7 +14,7 @@ first block by the same Arrow reader Ray uses (`pyarrow.csv.open_csv`, which als
 the first block and refuses a later value that does not fit), so every range parses to the
 same schema, as Ray's own read of the file does.
 
-Used when a local, uncompressed file is larger than RANGE_BYTES; other sources go through
+Used when a local, uncompressed file is larger than MIN_RANGE_BYTES; other sources go through
 Ray's readers unchanged.
 """
 
@@ -21,16 +22,24 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["RANGE_BYTES", "byte_ranges", "read_csv_ranges", "use_ranges"]
+__all__ = ["RANGE_BYTES", "MIN_RANGE_BYTES", "byte_ranges", "range_size", "read_csv_ranges", "use_ranges"]
 
-RANGE_BYTES = 64 * 2**20  # a task's share of a file: ~2M rows of a 6-column CSV, one block each
+RANGE_BYTES = 64 * 2**20  # the most a task reads: ~2M rows of a 6-column CSV, one block
+MIN_RANGE_BYTES = 8 * 2**20  # the least: below it a task's start-up is a fair share of its time
+
+
+def range_size(total_bytes: int, cpus: float) -> int:
+    """Bytes per range for `total_bytes` of CSV on a cluster of `cpus` CPUs: two ranges per CPU
+    (a slow range is not the whole read's tail), within [MIN_RANGE_BYTES, RANGE_BYTES]."""
+    return int(min(RANGE_BYTES, max(MIN_RANGE_BYTES, total_bytes / max(2 * cpus, 1))))
 
 
 def use_ranges(files: list[str], range_bytes: int | None = None) -> bool:
-    """Whether `files` are read in ranges: local, uncompressed, and one of them larger than a range."""
+    """Whether `files` are read in ranges: local, uncompressed, and one of them larger than the
+    smallest range."""
     from rayline.storage import is_uri
 
-    range_bytes = range_bytes or RANGE_BYTES
+    range_bytes = range_bytes or MIN_RANGE_BYTES
     if any(is_uri(f) or not f.lower().endswith(".csv") for f in files):
         return False
     return any(os.path.getsize(f) > range_bytes for f in files)
@@ -43,10 +52,14 @@ def byte_ranges(size: int, range_bytes: int | None = None) -> list[tuple[int, in
 
 
 def read_csv_ranges(files: list[str], convert_options, range_bytes: int | None = None):
-    """A Ray Dataset of `files`' rows, one block per byte range of each file."""
+    """A Ray Dataset of `files`' rows, one block per byte range of each file (`range_bytes`
+    each; default: `range_size` for the connected cluster's CPUs)."""
+    import ray
     import ray.data
     from pyarrow import csv
 
+    if range_bytes is None:
+        range_bytes = range_size(sum(os.path.getsize(f) for f in files), ray.cluster_resources().get("CPU", 1))
     items = []
     for path in files:
         # The header's names and the first block's types (Arrow's streaming reader infers them
