@@ -15,6 +15,7 @@ from typing import List, Optional
 
 import typer
 from rich.table import Table
+from typer.core import TyperGroup
 
 from rayline.console import console, err_console, styled
 from rayline.errors import RaylineError, SpecError
@@ -37,6 +38,44 @@ cache_app = typer.Typer(help="The workspace's data cache: data stages kept to be
 app.add_typer(cache_app, name="cache")
 jobs_app = typer.Typer(help="Ray Jobs on a cluster, through its Jobs API (the dashboard's address).", no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
+
+
+class _ListByDefault(TyperGroup):
+    """A group whose `list` command is also its default: `rayline models [NAME] [-o json]` is
+    `rayline models list [NAME] [-o json]`, as it was before `models` had subcommands, and
+    `rayline models show NAME` runs `show`. The first argument that is not an option (nor an
+    option's value) picks the command, so `rayline models -w WS show NAME` works too; a model
+    named like a command is listed with `rayline models list NAME`."""
+
+    default = "list"
+
+    def parse_args(self, ctx, args):
+        first = self._first_positional(args)
+        if first is not None and args[first] in self.commands:
+            args = [args[first], *args[:first], *args[first + 1:]]
+        elif args != ["--help"]:
+            args = [self.default, *args]
+        return super().parse_args(ctx, args)
+
+    def _first_positional(self, args) -> Optional[int]:
+        takes_value = {opt for cmd in self.commands.values() for p in cmd.params
+                       if p.param_type_name == "option" and not p.is_flag for opt in p.opts}
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                return None  # what follows is a NAME, whatever it reads
+            if not arg.startswith("-") or arg == "-":
+                return i
+            i += 2 if arg in takes_value else 1
+        return None
+
+
+models_app = typer.Typer(
+    cls=_ListByDefault,
+    help="Registered models: `rayline models [NAME]` lists them with their versions and test metrics (the same as "
+         "`rayline models list [NAME]`); `rayline models show NAME [--version N]` prints a version's lineage.")
+app.add_typer(models_app, name="models")
 
 WorkspaceOpt = typer.Option(None, "--workspace", "-w", envvar="RAYLINE_WORKSPACE",
                             help="State directory (MLflow store, artifacts, runs), or an s3:// / gs:// URI for runs, "
@@ -475,11 +514,11 @@ class _progress_reporter:
             self.bar.stop()
 
 
-@app.command()
+@models_app.command("list")
 def models(name: Optional[str] = typer.Argument(None, help="A model name; default: every model."),
            workspace: Optional[Path] = WorkspaceOpt,
            output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
-    """Registered models, their versions and metrics."""
+    """Registered models, their versions and metrics (also `rayline models [NAME]`)."""
     # MLflow logs its store set-up at INFO ("Creating initial MLflow database tables...")
     # into the table's output; it reads this when first imported.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
@@ -502,6 +541,26 @@ def models(name: Optional[str] = typer.Argument(None, help="A model name; defaul
         console.print("no registered models yet: run `rayline run SPEC`")
         return
     console.print(table)
+
+
+@models_app.command("show")
+def models_show(name: str = typer.Argument(..., help="A registered model name."),
+                version: Optional[str] = typer.Option(None, "--version", help="The version (default: the newest)."),
+                workspace: Optional[Path] = WorkspaceOpt,
+                output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
+    """A version's lineage: the data (source, fingerprint, data cache entry), the pipeline run, the winning
+    trial and its checkpoint, the version's metrics, and the deployments that gave it traffic."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no store set-up chatter in the output
+    from rayline.lineage import lineage, lineage_lines
+
+    if output not in ("table", "json"):
+        raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json)")
+    item = lineage(_ws(workspace), name, version)
+    if output == "json":
+        print(json.dumps(item.to_dict(), indent=2, default=str))
+        return
+    for line in lineage_lines(item):
+        console.print(line)
 
 
 @app.command()

@@ -31,7 +31,8 @@ from rayline.errors import RegistryError
 from rayline.redact import redact_text, redact_uri
 from rayline.workspace import Workspace, owned_tempdir, sweep_orphans, user_cache_dir
 
-__all__ = ["ModelVersion", "Registry", "STORE_LOCK_TIMEOUT_S", "SQLITE_BUSY_TIMEOUT_S", "PREFLIGHT_TIMEOUT_S"]
+__all__ = ["ModelVersion", "Registry", "STORE_LOCK_TIMEOUT_S", "SQLITE_BUSY_TIMEOUT_S", "PREFLIGHT_TIMEOUT_S",
+           "DEPLOYMENTS_TAG", "deployments_of"]
 
 # Creating a new SQLite store runs ~50 schema migrations: 1-3 s alone on a 2-core machine,
 # 5-10 s for each of 4 processes starting at once (measured); a minute is generous, and a
@@ -45,6 +46,24 @@ _PARTIAL = ".partial-"
 # version registers): dozens of carriage-return frames in `rayline run`'s output and in job
 # logs, between rayline's own stage lines. A user's explicit setting wins.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+# A version's deployments (`rayline models show`), oldest first: a JSON list of {at, action, role,
+# percent, route, app, ...} that rayline/serve appends to each time the version is given traffic.
+DEPLOYMENTS_TAG = "rayline.deployments"
+# Newest entries that fit in this many characters are kept: MLflow 2+ takes 100,000 per model
+# version tag, MLflow 1.x servers 5,000 (about 30 entries of ~150 characters).
+DEPLOYMENTS_TAG_CHARS = 5000
+
+
+def deployments_of(tags: dict) -> list[dict]:
+    """The deployment record in a version's tags, oldest first; [] when there is none (a version
+    registered or deployed before rayline kept it) or it is not a JSON list."""
+    try:
+        items = json.loads((tags or {}).get(DEPLOYMENTS_TAG) or "[]")
+    except ValueError:
+        return []
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
 
 
 @dataclass
@@ -76,6 +95,12 @@ def _one_line(text: str, limit: int = 400) -> str:
     lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
     line = lines[0] if lines else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _choices(values: list[str], limit: int = 20) -> str:
+    """`a, b, c`; a long list's first `limit` and how many more."""
+    shown = ", ".join(values[:limit])
+    return shown + (f" and {len(values) - limit} more" if len(values) > limit else "")
 
 
 def _is_locked(exc: BaseException) -> bool:
@@ -471,19 +496,19 @@ class Registry:
             framework=(mv.tags or {}).get("framework", ""),
         )
 
+    def _model_names(self) -> list[str]:
+        """Every registered model's name (all pages), sorted."""
+        names, token = [], None
+        while True:
+            page = self.client.search_registered_models(page_token=token)
+            names.extend(m.name for m in page)
+            token = getattr(page, "token", None)
+            if not token:
+                return sorted(names)
+
     def list_models(self, name: str | None = None) -> list[ModelVersion]:
         with self._guard("list registered models" if name is None else f"list versions of model {name!r}"):
-            if name is not None:
-                names = [name]
-            else:
-                names, token = [], None
-                while True:
-                    page = self.client.search_registered_models(page_token=token)
-                    names.extend(m.name for m in page)
-                    token = getattr(page, "token", None)
-                    if not token:
-                        break
-                names.sort()
+            names = [name] if name is not None else self._model_names()
             out = []
             for n in names:
                 versions = self._versions(n)
@@ -492,6 +517,47 @@ class Registry:
                 for mv in sorted(versions, key=lambda v: int(v.version)):
                     out.append(self.resolve(n, mv.version))
         return out
+
+    def version_details(self, name: str, version: str | None = None):
+        """(MLflow's ModelVersion, its run or None when the run is gone) of version `version` of
+        `name` (default or "latest": the newest). An unknown model names the registered ones, an
+        unknown version the model's versions."""
+        from mlflow.exceptions import MlflowException
+
+        with self._guard(f"look up model {name!r} version {version or 'latest'}"):
+            versions = self._versions(name)
+            if not versions:
+                names = self._model_names()
+                if name in names:  # registered, its versions all deleted
+                    raise RegistryError(f"model {name!r}: no registered versions in {self.shown_uri}")
+                known = _choices(names) if names else "none registered yet: run `rayline run SPEC`"
+                raise RegistryError(f"model {name!r}: not registered in {self.shown_uri} (got {name!r}; allowed: {known})")
+            numbers = sorted((str(v.version) for v in versions), key=int)
+            if version in (None, "latest"):
+                mv = max(versions, key=lambda v: int(v.version))
+            else:
+                found = [v for v in versions if str(v.version) == str(version).strip()]
+                if not found:
+                    raise RegistryError(f"model {name!r} version {version}: not registered (got {version!r}; "
+                                        f"allowed: {_choices(numbers)} or latest)")
+                mv = found[0]
+            mv = self.client.get_model_version(name, str(mv.version))  # a search's versions lack their aliases
+            try:
+                run = self.client.get_run(mv.run_id) if mv.run_id else None
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                run = None  # deleted for good (mlflow gc): the version outlives it
+        return mv, run
+
+    def record_deployment(self, name: str, version: str, entry: dict) -> None:
+        """Append `entry` to version `version`'s deployment record (DEPLOYMENTS_TAG)."""
+        with self._guard(f"record a deployment of model {name!r} version {version}"):
+            tags = self.client.get_model_version(name, str(version)).tags or {}
+            record = [*deployments_of(tags), entry]
+            while len(record) > 1 and len(json.dumps(record)) > DEPLOYMENTS_TAG_CHARS:
+                record.pop(0)
+            self.client.set_model_version_tag(name, str(version), DEPLOYMENTS_TAG, json.dumps(record))
 
     # ------------------------------------------------------------ aliases (rollouts: champion, canary)
 

@@ -264,6 +264,12 @@ def _export_and_serve_deploy(ws, dashboard_port, expected, token_auth):
     shown = subprocess.run(["serve", "config", *address], capture_output=True, text=True, env=env, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert {"diabetes", "diabetes-v1", "rayline-v2"} <= {a["name"] for a in yaml.safe_load_all(shown.stdout) if a}
+    # The version's deployment record (`rayline models show`): `rayline run`'s deploy, then this config's.
+    lineage = _cli(ws, "models", "show", "diabetes")
+    assert lineage.returncode == 0, lineage.stderr
+    deployments = lineage.stdout.split("\ndeployments: ", 1)[1].splitlines()
+    assert deployments[0].endswith(f" deploy: champion 100% at /diabetes (app diabetes-v1; {base}/diabetes)"), deployments
+    assert deployments[-1].endswith(" config: champion 100% at /diabetes (app diabetes-v1)"), deployments
 
 
 NO_AUTH = {"RAY_AUTH_MODE": "disabled"}

@@ -8,7 +8,9 @@
   and `rayline serve status` names the limit with the numbers;
 - `rayline serve deploy|promote|rollback|remove` errors are one line, exit non-zero;
 - `version: latest` is resolved once when the app is built: a restarted replica keeps serving
-  the version the app was built with after a newer one is registered.
+  the version the app was built with after a newer one is registered;
+- `rayline models show` prints the served version's lineage (data, run, trial, checkpoint, metrics,
+  deployments), and each deploy, promote and rollback is on the version's deployment record.
 
 The rollout's canary is a genuinely different model with no second training: the digits
 fixture's sweep trained two trials (other hidden sizes and learning rate), and its losing trial's
@@ -32,6 +34,8 @@ from collections import Counter
 
 import httpx
 import pytest
+
+from rayline.registry import DEPLOYMENTS_TAG
 
 from .conftest import PORT, ROOT
 
@@ -66,7 +70,8 @@ def _register_losing_trial(digits, ws):
         run = client.create_run(client.get_run(mv.run_id).info.experiment_id, run_name="losing-trial")
         client.log_artifacts(run.info.run_id, artifact, artifact_path="model")
         client.set_terminated(run.info.run_id)
-    tags = {k: v for k, v in mv.tags.items() if k != "rayline.pyfunc"}  # logged in the layout before pyfunc
+    # Logged in the layout before pyfunc; a new version has no deployments yet.
+    tags = {k: v for k, v in mv.tags.items() if k not in ("rayline.pyfunc", DEPLOYMENTS_TAG)}
     return str(client.create_model_version("digits", f"{run.info.artifact_uri}/model", run.info.run_id, tags=tags).version)
 
 
@@ -102,7 +107,8 @@ def _register_copy(ws, name, version):
 
     client = Registry(ws).client
     mv = client.get_model_version(name, version)
-    return str(client.create_model_version(name, mv.source, mv.run_id, tags=mv.tags).version)
+    tags = {k: v for k, v in mv.tags.items() if k != DEPLOYMENTS_TAG}  # a new version has no deployments yet
+    return str(client.create_model_version(name, mv.source, mv.run_id, tags=tags).version)
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +191,77 @@ def test_each_version_has_its_own_route_and_the_route_says_who_answered(setup):
     assert meta.status_code == 200 and meta.json()["version"] == v1 and meta.headers["x-rayline-version"] == v1
 
 
+# ---------------------------------------------------------------- lineage
+
+
+def _models_cli(*args_list, timeout=300):
+    """`rayline models ...` command lines run side by side (no Ray needed): their finished processes."""
+    env = {**os.environ}
+    env.pop("RAYLINE_DEBUG", None)
+    procs = [subprocess.Popen([sys.executable, "-m", "rayline.cli", "models", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env) for args in args_list]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return out
+
+
+def test_models_show_prints_the_served_versions_lineage(setup, digits, ws):
+    """The chain of the version `rayline run` registered and `setup` serves, against what the run
+    itself knows: its MLflow run, its run record, the winning trial and its checkpoint on disk."""
+    from rayline.registry import Registry
+    from rayline.spec import load_spec
+
+    v1, w = setup["v1"], ["-w", str(ws.root)]
+    show, no_model, no_version = _models_cli(["show", "digits", "--version", v1, *w], ["show", "nosuchmodel", *w],
+                                             ["show", "digits", "--version", "99999", *w])
+    assert show.returncode == 0, show.stderr
+    lines = show.stdout.splitlines()
+    mv = Registry(ws).client.get_model_version("digits", v1)
+    assert mv.run_id == digits.run_id
+    (record,) = [r for r in (json.loads(p.read_text()) for p in (ws.root / "runs").glob("*/rayline-run.json"))
+                 if r.get("run_id") == digits.run_id]
+    winner = _winning_trial(digits)
+    (trial,) = [t.trial_id for t in digits.trials if t.result is winner]
+    assert os.path.isdir(winner.checkpoint_dir)
+    source = load_spec(ROOT / "pipelines" / "digits-torch.yaml").data.source.name
+    # The session's runs do not read the data cache, but they store the stage there (--no-cache).
+    (key,) = record["data_cache_keys"]
+    entry = ws.root / "data-cache" / key
+    assert entry.is_dir()  # no test of the session prunes the cache
+    metric = digits.metric
+    assert lines[0].startswith(f"model:       digits version {v1} (registered ") and "torch, classification" in lines[0]
+    assert "; aliases: champion" in lines[0]  # setup made it the champion
+    assert lines[1:8] == [
+        f"data:        source {source}",
+        f"             fingerprint {record['fingerprint']}",
+        f"             cache key {key} (entry present: {entry})",
+        f"run:         MLflow run {digits.run_id} (FINISHED)",
+        f"             experiment {record['experiment']} (run record: registered)",
+        f"trial:       {trial}",
+        f"checkpoint:  {winner.checkpoint_dir} (exists)",
+    ]
+    # The winner's validation metrics and the test metrics, as the run computed them.
+    assert lines[8].startswith("metrics:     ") and lines[9].startswith(" " * 13)
+    valid = dict(item.split(" ") for item in lines[8][13:].split(", "))
+    assert f"valid_{metric}" in valid and all(k.startswith("valid_") for k in valid), valid
+    assert valid == {k: f"{digits.valid_metrics[k[6:]]:.4f}" for k in valid}
+    assert lines[9][13:] == ", ".join(f"test_{k} {v:.4f}" for k, v in sorted(digits.test_metrics.items()))
+    deployments = [line[13:] for line in lines[10:]]
+    assert lines[10].startswith("deployments: ") and all(line.startswith(" " * 13) for line in lines[11:])
+    # setup's deploy: the champion with all of ROUTE's traffic, version 1's own app.
+    assert any(d.endswith(f" deploy: champion 100% at {ROUTE} (app digits-v{v1}; {URL})") for d in deployments), lines
+
+    for proc, message in ((no_model, "error: model 'nosuchmodel': not registered in "),
+                          (no_version, "error: model 'digits' version 99999: not registered (got '99999'; allowed: ")):
+        assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(message), line
+    assert "allowed: " in no_model.stderr and "digits" in no_model.stderr.split("allowed: ")[1]
+    assert f"{v1}, " in no_version.stderr.split("allowed: ")[1] or f"{v1} or latest" in no_version.stderr
+
+
 # ---------------------------------------------------------------- zero failed requests
 
 
@@ -195,7 +272,7 @@ def test_canary_promote_rollback_under_load_fail_no_request(setup, digits, ws):
     import numpy as np
 
     from rayline.data import prepare_data
-    from rayline.registry import Registry
+    from rayline.registry import Registry, deployments_of
     from rayline.serve import versions
     from rayline.spec import load_spec
     from rayline.train.probe import read_probe
@@ -273,6 +350,12 @@ def test_canary_promote_rollback_under_load_fail_no_request(setup, digits, ws):
         assert versions_in.get(stage, {v1}) <= {v1, v2}, by_stage  # mid-change: either, never an unknown answer
     assert aliases == {"canary": (v1, v2), "promoted": (v2, None), "rolled back": (v1, None)}
     assert sum(by_stage["canary"].values()) >= 20
+    # Each step is on the deployment record of the version it gave traffic to (`rayline models show`).
+    record = {v: [(d["action"], d["role"], d["percent"], d["route"], d["app"])
+                  for d in deployments_of(registry.client.get_model_version("digits", v).tags)] for v in (v1, v2)}
+    assert record[v2] == [("deploy", "canary", 30, ROUTE, f"digits-v{v2}"),
+                          ("promote", "champion", 100, ROUTE, f"digits-v{v2}")]
+    assert record[v1][-1] == ("rollback", "champion", 100, ROUTE, f"digits-v{v1}")
 
     answer = _post(httpx, f"{URL}/v/{v2}/predict", body).json()  # and version 2's, as it trained
     assert answer["version"] == v2 and _answered_by(answer, expected) == v2, answer

@@ -153,16 +153,17 @@ def build_router_app(args: dict[str, Any]):
              "serve": old.get("serve") or {}}
     _write_table(name, table)  # as `rayline serve deploy` writes it: a new rollout drops an old gate decision
     if args.get("workspace") or args.get("tracking_uri"):
-        _record_champion(name, champion, args)
+        _record_champion(name, champion, str(args["route"]), args)
     return build_router(name, int(args.get("replicas_max") or 2))
 
 
-def _record_champion(name: str, champion: str, args: dict) -> None:
+def _record_champion(name: str, champion: str, route: str, args: dict) -> None:
     """The MLflow record follows the config: alias champion -> `champion` (the old one onto the
-    history that `rayline serve rollback` walks back), and no canary."""
+    history that `rayline serve rollback` walks back), no canary, and the deployment on the
+    version's record (`rayline models show`)."""
     from rayline.registry import Registry
     from rayline.serve.app import _workspace_arg
-    from rayline.serve.versions import _history, _set_champion
+    from rayline.serve.versions import _history, _set_champion, record_deployment
     from rayline.workspace import workspace as make_workspace
 
     registry = Registry(make_workspace(_workspace_arg(args.get("workspace")), args.get("tracking_uri")))
@@ -172,3 +173,4 @@ def _record_champion(name: str, champion: str, args: dict) -> None:
         _set_champion(registry, name, champion, old, _history(registry, name))
     if registry.alias_version(name, "canary"):
         registry.delete_alias(name, "canary")
+    record_deployment(registry, name, champion, action="config", role="champion", percent=100, route=route)

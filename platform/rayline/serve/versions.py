@@ -11,7 +11,10 @@ Layout on Serve, for model NAME served at ROUTE:
 
 The record is MLflow: aliases `champion`, `canary` (while one is live) and `previous-champion`,
 with the registered-model tag `rayline.champion_history` (JSON list, oldest first) so rollback
-knows where to go. The split the routers follow is in Ray's internal KV (router.py says why).
+knows where to go; and on each version the deployments that gave it traffic (deploy, promote,
+rollback to it: when, route, app, role and share; the version tag `rayline.deployments`, which
+`rayline models show` prints). The split the routers follow is in Ray's internal KV (router.py
+says why).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Optional
 from rayline.errors import ServeError
 
 __all__ = ["Rollout", "deploy", "promote", "rollback", "remove", "rollout_state", "version_app", "version_route",
-           "live_versions", "HISTORY_TAG", "ROLLBACK_TAG"]
+           "live_versions", "record_deployment", "HISTORY_TAG", "ROLLBACK_TAG"]
 
 HISTORY_TAG = "rayline.champion_history"
 ROLLBACK_TAG = "rayline.canary_rolled_back"
@@ -286,6 +289,16 @@ def _set_champion(registry, name: str, new: str, old: Optional[str], history: li
         registry.delete_alias(name, "previous-champion")
 
 
+def record_deployment(registry, name: str, version: str, *, action: str, role: str, percent: int, route: str,
+                      **extra) -> None:
+    """One entry on version `version`'s deployment record (registry.DEPLOYMENTS_TAG): it was given
+    `percent`% of `route`'s traffic as `role` by `action`, now (UTC)."""
+    entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "action": action, "role": role,
+             "percent": percent, "route": route, "app": version_app(name, version),
+             **{k: v for k, v in extra.items() if v}}
+    registry.record_deployment(name, version, entry)
+
+
 def _percent(value) -> int:
     if value is None:
         return 0
@@ -353,6 +366,8 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
     _wait_running(early)
     _settle(table)
     url = address.url(route, host)
+    record_deployment(registry, name, version, action="deploy", role="canary" if percent else "champion",
+                      percent=percent or 100, route=route, url=url, gate=gate if percent else None)
     return Rollout(name, route, table["champion"], table["canary"], weights, f"{message} ({url})", created, url)
 
 
@@ -389,6 +404,7 @@ def promote(name: str, *, ws) -> Rollout:
     new.pop("rolled_back", None)
     _write_table(name, new)
     _settle(new)
+    record_deployment(registry, name, canary, action="promote", role="champion", percent=100, route=table["route"])
     return Rollout(name, table["route"], canary, None, new["weights"],
                    f"model {name}: version {canary} promoted to champion with 100% of traffic (was version {old})")
 
@@ -423,6 +439,9 @@ def rollback(name: str, *, ws) -> Rollout:
         message = f"model {name}: rolled back to version {previous} (champion, 100% of traffic; was version {champion})"
     _write_table(name, new)
     _settle(new)
+    if not canary:  # the previous champion has the route again (a canary's rollback leaves the champion as it was)
+        record_deployment(registry, name, new["champion"], action="rollback", role="champion", percent=100,
+                          route=table["route"])
     return Rollout(name, table["route"], new["champion"], None, new["weights"], message)
 
 
