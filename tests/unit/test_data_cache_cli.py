@@ -78,3 +78,25 @@ def test_no_cache_on_an_object_storage_workspace(tmp_path):
 
     remote = dataclasses.replace(workspace(tmp_path / "ws"), storage_uri="s3://bucket/ws")
     assert remote.remote and DataCache.of(remote) is None
+
+
+def test_a_block_written_again_replaces_its_file_and_an_empty_one_writes_nothing(tmp_path):
+    """A Ray task run again (a worker lost mid-stage) writes the same block under the same name:
+    the entry never holds its rows twice (data/cache.py's write_block)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayline.data.cache import write_block
+
+    folder = tmp_path / "train"
+    block = pa.table({"x": [1.0, 2.0, 3.0]})
+    hashes = np.array([11, 12, 13], dtype=np.uint64)
+    write_block(block, str(folder), hashes)
+    write_block(block, str(folder), hashes)
+    write_block(block.slice(0, 0), str(folder), hashes[:0])
+    (only,) = list(folder.iterdir())
+    assert only.suffix == ".parquet" and pq.read_table(only).equals(block)
+    write_block(pa.table({"x": [4.0]}), str(folder), np.array([14], dtype=np.uint64))
+    assert sorted(pq.read_table(f).num_rows for f in folder.glob("*.parquet")) == [1, 3]
+    assert not list(folder.glob(".*"))  # no temporary file left
