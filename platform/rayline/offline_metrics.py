@@ -40,10 +40,20 @@ def evaluate_rows(artifact_dir: str, rows) -> dict[str, float]:
     with open(os.path.join(artifact_root(artifact_dir), META_FILE)) as fh:
         task = json.load(fh)["task"]
     total = None
-    for batch in partials.iter_batches(batch_format="pyarrow", batch_size=None):
-        for data in batch.column(_PARTIAL).to_pylist():
-            part = pickle.loads(data)
-            total = part if total is None else total.merge(part)
+    try:
+        for batch in partials.iter_batches(batch_format="pyarrow", batch_size=None):
+            for data in batch.column(_PARTIAL).to_pylist():
+                part = pickle.loads(data)
+                total = part if total is None else total.merge(part)
+    except Exception as exc:  # a DataError in a task (a test row the model cannot take): its own line
+        from rayline.errors import DataError
+
+        # Ray Data re-raises a task's error as RayTaskError(UserCodeException), whose text holds
+        # the remote traceback ending in ours.
+        marker = "rayline.errors.DataError: "
+        if marker not in str(exc):
+            raise
+        raise DataError(str(exc).split(marker, 1)[1].strip().splitlines()[0]) from exc
     return (total or MetricPartials(task)).result()
 
 

@@ -159,6 +159,24 @@ def test_the_two_torch_workers_valid_metrics_are_the_whole_splits(digits, test_s
         assert digits.valid_metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
+def test_test_metrics_from_ray_tasks_per_block_equal_one_process_and_bad_rows_name_the_column(test_split):
+    import ray.data
+
+    from rayline.errors import DataError
+    from rayline.offline_metrics import evaluate_rows
+
+    frame, model, _, _ = test_split
+    blocks = ray.data.from_pandas([frame.iloc[:60], frame.iloc[60:61], frame.iloc[61:]])  # uneven blocks
+    got, expected = evaluate_rows(model.model_dir, blocks), model.evaluate(frame)
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=1e-9), name
+    bad = frame.copy()
+    bad.loc[bad.index[5], "pixel_0_1"] = np.nan  # no impute step fills it
+    with pytest.raises(DataError, match="pixel_0_1"):
+        evaluate_rows(model.model_dir, ray.data.from_pandas(bad))
+
+
 def test_offline_and_online_predictions_are_identical(digits, test_split):
     """The two input paths in front of the registered model agree: HTTP answers (JSON rows ->
     the request encoder) equal the loaded model's outputs on the same rows put through the
