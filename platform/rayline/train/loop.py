@@ -78,23 +78,21 @@ class Throughput:
         return {"samples_per_s": per_worker * world_size, "samples_per_s_per_worker": per_worker, "lr": float(lr)}
 
 
-def shard_batches(shard, num_features: int, label_dtype) -> list:
-    """The rows of a Ray Train dataset shard as batches in memory: [(features float32 (n, d), labels)]."""
+def shard_batches(shard, num_features: int, label_dtype) -> Iterator[tuple]:
+    """One pass over a Ray Train dataset shard's rows, a batch at a time: (features float32 (n, d), labels)."""
     import numpy as np
 
-    out = []
     for batch in shard.iter_batches(batch_size=65536, batch_format="numpy"):
         n = len(batch["label"])
-        out.append((np.asarray(batch["features"], dtype=np.float32).reshape(n, num_features),
-                    np.asarray(batch["label"], dtype=label_dtype)))
-    return out
+        yield (np.asarray(batch["features"], dtype=np.float32).reshape(n, num_features),
+               np.asarray(batch["label"], dtype=label_dtype))
 
 
 def shard_arrays(shard, num_features: int, label_dtype):
     """All rows of a Ray Train dataset shard in memory: (features float32 (n, d), labels)."""
     import numpy as np
 
-    batches = shard_batches(shard, num_features, label_dtype)
+    batches = list(shard_batches(shard, num_features, label_dtype))
     if not batches:
         return np.zeros((0, num_features), np.float32), np.zeros((0,), label_dtype)
     return np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches])

@@ -60,6 +60,7 @@ def loop_config(spec: PipelineSpec, data, plan: ResourcePlan, search_paths: list
         "metric": spec.resolved_metric(task),
         "seed": spec.data.split.seed,
         "threads": plan.threads_per_worker,
+        "train_rows": data.rows["train"],  # xgboost: whether a worker's shard can be empty
         "arch": {
             "num_features": len(data.preprocessing.output_columns),
             "num_outputs": data.preprocessing.num_outputs,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -67,42 +68,58 @@ def _outputs(raw: np.ndarray, task: str, num_outputs: int) -> np.ndarray:
 
 
 
-def train_matrix(batches: list, params: dict, num_features: int):
-    """The train shard as xgboost's matrix, from its batches as Ray Data gave them.
+def train_matrix(batches: Callable[[], Iterable], params: dict, num_features: int, may_be_empty: bool = False):
+    """The train shard as xgboost's matrix, and its number of rows.
 
-    With the hist tree method (xgboost's default), a QuantileDMatrix fed batch by batch: it
-    keeps each value as a 1-byte bin index instead of a float plus an index (about 3x less
-    memory than a DMatrix), and no concatenated copy of the shard is made. Other tree methods
-    need the values themselves: a DMatrix of the concatenated shard."""
+    `batches()` gives a new pass over the shard's batches, [(features float32 (n, d), labels)],
+    each time it is called (loop.shard_batches over the worker's Ray Train shard). With the hist
+    tree method (xgboost's default), a QuantileDMatrix fed batch by batch, streamed from Ray Data
+    in each of its passes (one to sketch the quantiles, one to bin): the worker never holds the
+    shard's float values, only 1-byte bin indices (about 4x less than the float32 rows; at 100M
+    rows on the 2-core, 24 GB machine, holding both ran the node out of memory). Other tree
+    methods need the values themselves: a DMatrix of the concatenated shard.
+
+    `may_be_empty`: the split has fewer rows than there are workers (Ray gives every worker the
+    same number of rows: then none). An empty shard has nothing to sketch, and a DMatrix of no
+    rows still takes part in the collective's column-count sync; such a shard is tiny, so it is
+    read into memory first to see."""
     import xgboost as xgb
 
     nthread = params["nthread"]
-    # An empty shard (a worker given no rows of a tiny split) has nothing to sketch: a DMatrix of
-    # no rows still takes part in the collective's column-count sync.
-    if params.get("tree_method", "hist") not in ("hist", "auto") or not batches:
-        xs = [x for x, _ in batches]
-        ys = [y for _, y in batches]
-        x = np.concatenate(xs) if xs else np.zeros((0, num_features), np.float32)
-        y = np.concatenate(ys).astype(np.float32) if ys else np.zeros((0,), np.float32)
-        return xgb.DMatrix(x, label=y, nthread=nthread)
+    if may_be_empty:
+        pairs = list(batches())
+        if not pairs:
+            return xgb.DMatrix(np.zeros((0, num_features), np.float32), label=np.zeros((0,), np.float32),
+                               nthread=nthread), 0
+        batches = lambda: pairs  # noqa: E731 - the tiny shard, held
+    if params.get("tree_method", "hist") not in ("hist", "auto"):
+        pairs = list(batches())
+        x = np.concatenate([x for x, _ in pairs]) if pairs else np.zeros((0, num_features), np.float32)
+        y = np.concatenate([y for _, y in pairs]).astype(np.float32) if pairs else np.zeros((0,), np.float32)
+        return xgb.DMatrix(x, label=y, nthread=nthread), len(y)
 
     class _Batches(xgb.DataIter):
         def __init__(self):
-            self.at = 0
+            self.rows, self.counted, self.source = 0, False, None
             super().__init__()
 
         def next(self, input_data) -> bool:
-            if self.at == len(batches):
+            if self.source is None:
+                self.source = iter(batches())
+            x, y = next(self.source, (None, None))
+            if x is None:
+                self.counted = True  # the first whole pass counted the rows
                 return False
-            x, y = batches[self.at]
+            if not self.counted:
+                self.rows += len(y)
             input_data(data=x, label=y.astype(np.float32))
-            self.at += 1
             return True
 
         def reset(self) -> None:
-            self.at = 0
+            self.source = None
 
-    return xgb.QuantileDMatrix(_Batches(), max_bin=int(params.get("max_bin", 256)), nthread=nthread)
+    it = _Batches()
+    return xgb.QuantileDMatrix(it, max_bin=int(params.get("max_bin", 256)), nthread=nthread), it.rows
 
 
 def _total_rounds(model_params: dict, epochs: int) -> int:
@@ -147,16 +164,16 @@ class XGBoostBackend(Backend):
         maximize = metric in _MAX_METRICS
         label_dtype = np.int64 if task == "classification" else np.float32
 
-        train_batches = shard_batches(ray.train.get_dataset_shard("train"), arch["num_features"], label_dtype)
-        train_rows = sum(len(y) for _, y in train_batches)
+        train_shard = ray.train.get_dataset_shard("train")
         # This worker's share of "valid"; the metrics combine every worker's (loop.py).
         valid_x, valid_y, _ = own_valid_rows(ray.train.get_dataset_shard("valid"), arch["num_features"], label_dtype,
                                              reporter.rank, reporter.world_size)
         probe_x = probe_features(arch["num_features"])  # the probe rows of the test split (rayline/train/probe.py)
         # Every worker builds its matrix (construction syncs the column count, and the quantile
         # sketch of a QuantileDMatrix, over the collective).
-        dtrain = train_matrix(train_batches, params, arch["num_features"])
-        del train_batches  # the matrix holds what training needs
+        dtrain, train_rows = train_matrix(lambda: shard_batches(train_shard, arch["num_features"], label_dtype),
+                                          params, arch["num_features"],
+                                          may_be_empty=config.get("train_rows", 0) < reporter.world_size)
 
         state = {"best_score": None, "best_round": -1, "stopped": False, "num_boost_round": num_boost_round}
         booster = None
