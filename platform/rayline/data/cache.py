@@ -1,8 +1,9 @@
 """The data stage's cache: an unchanged data stage is read back, not recomputed.
 
 An entry holds one preprocessing variant's output: the fitted preprocessing, the model-ready
-train and valid splits and the raw test rows (Parquet, written by Ray Data, read back in Ray
-tasks: no split passes through the driver), and the probe rows. Its key is a hash of everything the output depends on: the source's fingerprint
+train and valid splits and the raw test rows (Parquet files, written and read back by Ray
+tasks: no split passes through the driver), and the probe rows. Its key is a hash of
+everything the output depends on: the source's fingerprint
 (data/sources.py: each file's name, size and modification time by default), the spec's
 `data` section (source, label, features, split, preprocess) and `task`, and the rayline and
 Ray versions. A changed file, a changed `data` key or another version is another key, never a
@@ -12,7 +13,8 @@ The splits' Parquet files are written by the Ray tasks that compute their blocks
 no second pass over the data to store it), into the entry's temporary folder; the entry is
 renamed into place when complete, so a run killed while writing leaves no entry that looks
 whole. A block's file is named by a digest of its rows' split hashes: a task that Ray runs again
-(a worker lost mid-stage) rewrites the same file instead of adding a second copy of its rows. They live in the workspace
+(a worker lost mid-stage) rewrites the same file instead of adding a second copy of its rows.
+Entries live in the workspace
 (`<workspace>/data-cache/<key>/`); a workspace on object storage has no cache yet (its
 root is local to the driver, and Ray's workers on other nodes could not read it).
 """
@@ -163,14 +165,13 @@ class DataCache:
     # ------------------------------------------------------------ writing
 
     def scratch(self, name: str) -> Path:
-        """A temporary folder in the cache (files several entries share while being written);
-        the caller removes it, and `prune` removes one a killed run left."""
+        """The path of a temporary folder in the cache (an entry being written, or files several
+        entries share meanwhile); the caller removes it, and `prune` removes one a killed run left."""
         self.root.mkdir(parents=True, exist_ok=True)
         return self.root / f".{name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
 
     def writer(self, key: str) -> "EntryWriter":
         """An entry being written under `key` (see EntryWriter)."""
-        self.root.mkdir(parents=True, exist_ok=True)
         return EntryWriter(self, key)
 
     def size(self) -> tuple[int, int]:
@@ -220,7 +221,7 @@ class EntryWriter:
 
     def __init__(self, cache: DataCache, key: str):
         self.cache, self.key = cache, key
-        self.tmp = cache.root / f".{key}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+        self.tmp = cache.scratch(key)
         self.tmp.mkdir()
 
     def folder(self, split: str) -> str:
