@@ -76,17 +76,19 @@ class _ReadRange:
     """A picklable map_batches callable: one [start, end) range of a CSV file -> its rows (Arrow)."""
 
     def __init__(self, convert_options):
-        self.null_strings = convert_options.strings_can_be_null
+        self.convert_options = convert_options  # sources.py's, as Ray's reader gets them
 
     def __call__(self, item):
+        import pickle
+
         import pyarrow as pa
         from pyarrow import csv
 
         (path,), (start,), (end,), (raw_schema,) = (item[k].tolist() for k in ("path", "start", "end", "schema"))
         schema = pa.ipc.read_schema(pa.py_buffer(raw_schema))
         data = _range_bytes(path, int(start), int(end))
-        options = csv.ConvertOptions(column_types={f.name: f.type for f in schema},
-                                     strings_can_be_null=self.null_strings)
+        options = pickle.loads(pickle.dumps(self.convert_options))  # a copy: the same options, plus the file's types
+        options.column_types = {f.name: f.type for f in schema}
         if not data.strip():
             return schema.empty_table()
         return csv.read_csv(pa.BufferReader(data), convert_options=options,
