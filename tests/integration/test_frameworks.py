@@ -78,17 +78,36 @@ def test_tensorflow_multiworker_end_to_end(ray_session, ws):
     # same); at 0.05 it is 0.32-0.36, so the bar below tests the model, not the split's luck.
     ("tensorflow", {"framework": "tensorflow", "kind": "mlp", "params": {"hidden_sizes": [32]}},
      {"train.precision": "bf16", "train.grad_accumulation": 2, "train.batch_size": 16, "train.optimizer.lr": 0.05}),
-    ("xgboost", {"framework": "xgboost", "kind": "gbdt", "params": {"max_depth": 3, "num_boost_round": 20}}, {}),
+    # xgboost's 2 workers each reserve 2,000 bytes of memory (train.resources_per_worker): their
+    # ~150-row shards' bin indices (~1,500 bytes each) exceed half of that, so each builds an
+    # external-memory matrix (ExtMemQuantileDMatrix, pages on local disk; xgboost_backend.matrix_plan),
+    # and every check below, the metrics recomputed in one process included, holds for it too.
+    ("xgboost", {"framework": "xgboost", "kind": "gbdt", "params": {"max_depth": 3, "num_boost_round": 20}},
+     {"train.resources_per_worker": {"memory": 2000}}),
 ])
 def test_regression_reports_the_torch_metric_names(ray_session, ws, framework, model, technique):
     """Regression works for every framework and reports the same metrics as torch."""
+    import glob
+    import tempfile
+
     from rayline import load_model
     from rayline.spec import REGRESSION_METRICS, apply_overrides, load_spec
+    from rayline.train.xgboost_backend import EXTMEM_PREFIX
 
     spec = apply_overrides(load_spec(ROOT / "pipelines" / "diabetes-torch.yaml"),
                            {"name": f"diabetes-{framework}", "model": model, "train.epochs": 20, **technique})
     spec = spec.model_copy(update={"serve": None})
     summary = run(spec, ws)
+    if framework == "xgboost":
+        from rayline.train.loop import read_state
+
+        technique = {}  # the checks of the tensorflow technique below do not apply
+        (start,) = read_state(summary.trials[0].result.checkpoint_dir)["starts"]
+        matrix = start["train_matrix"]
+        assert matrix["kind"] == "external" and matrix["budget_source"] == "reserved", matrix
+        assert matrix["budget_bytes"] == 2000 and matrix["estimated_bytes"] > 1000, matrix
+        # The workers removed their page caches when training ended.
+        assert not glob.glob(os.path.join(tempfile.gettempdir(), EXTMEM_PREFIX + "*")), "an external-memory cache was left"
     start = next(detail for stage, event, detail in summary.events if stage == "train" and event == "start")
     assert (", bf16, effective batch" in start) == bool(technique), start
     if technique:  # train.grad_accumulation 2 reached the tensorflow workers: the optimizer's own step count

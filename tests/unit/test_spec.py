@@ -62,6 +62,10 @@ BAD_SPECS = {
     "wrong type": (lambda d: d["train"].update(epochs="ten"), ["train.epochs:", "valid integer", "(got 'ten')"]),
     "space names a section": (lambda d: d["tune"]["space"].update({"train.optimizer": {"choice": [1]}}), ["tune.space.train.optimizer: names a section, not a value"]),
     "missing label": (lambda d: d["data"].pop("label"), ["data.label: required field is missing"]),
+    "xgboost external_memory value": (lambda d: d["model"].update({"framework": "xgboost", "kind": "gbdt",
+                                                                    "params": {"external_memory": "yes"}}),
+                                      ["model.params.external_memory: not a value xgboost gbdt takes (got 'yes'; "
+                                       "allowed: auto, always, never)"]),
     "xgboost with import": (lambda d: d["model"].update({"framework": "xgboost", "kind": None, "import": "x:y"}) or d["model"].pop("kind") or d["model"].pop("params"),
                             ["model.import: not supported for framework xgboost"]),
 }

@@ -208,6 +208,12 @@ class ModelSpec(_Strict):
             if key not in allowed:
                 raise problem(("params", key), f"unknown parameter for {self.framework} {self.kind}",
                               got=repr(key), allowed=", ".join(sorted(allowed)))
+            choices = info.param_choices.get(key)
+            value = self.params[key]
+            # A search-space dict ({choice: [...]}) is checked where the space is (spec/space.py).
+            if choices and not isinstance(value, dict) and value not in choices:
+                raise problem(("params", key), f"not a value {self.framework} {self.kind} takes", got=repr(value),
+                              allowed=", ".join(choices))
         return self
 
 

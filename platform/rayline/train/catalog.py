@@ -29,6 +29,7 @@ class BackendInfo:
     grad_compressions: frozenset[str] = frozenset()  # train.grad_compression values besides none
     strategies: frozenset[str] = frozenset({"ddp"})  # train.strategy values (ddp: the framework's data parallelism)
     multi_gpu_workers: bool = False  # whether one worker trains on several GPUs (resources_per_worker.GPU > 1)
+    param_choices: dict[str, tuple] = field(default_factory=dict)  # parameter -> the only values it takes
 
 
 _MLP_PARAMS = frozenset({"hidden_sizes", "dropout"})
@@ -59,10 +60,12 @@ BACKENDS: dict[str, BackendInfo] = {
                     "colsample_bylevel", "colsample_bynode", "min_child_weight", "gamma",
                     "lambda", "alpha", "reg_lambda", "reg_alpha", "max_bin", "tree_method",
                     "num_boost_round", "early_stopping_rounds", "max_leaves", "grow_policy",
-                    "scale_pos_weight", "checkpoint_every",
+                    "scale_pos_weight", "checkpoint_every", "external_memory",
                 }
             )
         },
+        # As xgboost_backend.EXTERNAL_MEMORY (not imported: this table never imports a backend).
+        param_choices={"external_memory": ("auto", "always", "never")},
         epoch_based=False,
         import_returns="",
         precisions=frozenset({"fp32"}),

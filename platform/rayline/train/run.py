@@ -61,6 +61,8 @@ def loop_config(spec: PipelineSpec, data, plan: ResourcePlan, search_paths: list
         "seed": spec.data.split.seed,
         "threads": plan.threads_per_worker,
         "train_rows": data.rows["train"],  # xgboost: whether a worker's shard can be empty
+        # xgboost: a worker's memory budget, when it reserves one (train.resources_per_worker.memory)
+        "memory_per_worker": plan.worker_resources().get("memory"),
         "arch": {
             "num_features": len(data.preprocessing.output_columns),
             "num_outputs": data.preprocessing.num_outputs,

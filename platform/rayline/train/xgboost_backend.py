@@ -17,6 +17,11 @@ Parameters of kind `gbdt` (`model.params`) go to xgboost as they are, except:
 - checkpoint_every: evaluate, report and checkpoint every this many rounds (default:
   1 up to 100 rounds, then rounds // 100, so a run reports at most ~100 times); the last
   round, and the round where early stopping ends training, are always reported.
+- external_memory: `auto` (default), `always` or `never`: whether a worker's train shard
+  becomes an `ExtMemQuantileDMatrix`, its pages cached on the worker's local disk, instead of
+  a `QuantileDMatrix` in RAM (see `matrix_plan`). `auto` picks it when the shard's bin
+  indices would take more than half of the worker's memory budget: the memory it reserves
+  (`train.resources_per_worker.memory`), else its share of the node's available memory.
 The objective follows the task: reg:squarederror, binary:logistic (2 classes) or
 multi:softprob with num_class. nthread is the worker's CPU share (loop config "threads").
 
@@ -27,7 +32,11 @@ stopping state, for resume) and `arch.json`.
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
+import tempfile
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
@@ -36,14 +45,67 @@ from rayline.train.backend import Backend, Predict
 from rayline.train.loop import EpochReporter, Throughput, combine_metrics, own_valid_rows, sha256_of, shard_batches
 from rayline.train.metrics import MetricPartials
 from rayline.train.probe import probe_features, write_probe
+from rayline.workspace import owned_tempdir, sweep_orphans
 
-__all__ = ["XGBoostBackend", "BACKEND", "objective_params"]
+__all__ = ["XGBoostBackend", "BACKEND", "objective_params", "MatrixPlan", "matrix_plan", "train_matrix",
+           "EXTERNAL_MEMORY", "EXTMEM_PREFIX"]
 
 _MODEL = "model.ubj"
 _STATE = "xgb_state.json"
 _ARCH = "arch.json"
 _MAX_METRICS = {"accuracy", "f1", "precision", "recall", "roc_auc", "r2"}  # as rayline.spec.metric_mode
 _DEFAULT_EARLY_STOPPING = 10
+# model.params.external_memory: how a worker holds its train shard (see matrix_plan).
+EXTERNAL_MEMORY = ("auto", "always", "never")
+# An external-memory matrix's disk cache: an owned temporary folder per worker, removed when
+# training ends, and by the next worker on the node if this one was killed.
+EXTMEM_PREFIX = "rayline-xgb-extmem-"
+# `auto` goes external when the in-RAM matrix would take more than this share of the budget:
+# the rest is for what stays in RAM either way (gradients and predictions per row, the
+# histograms, a batch being read, Python and xgboost themselves).
+_IN_MEMORY_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class MatrixPlan:
+    """How one worker holds its train shard: `kind` is "quantile" (QuantileDMatrix in RAM),
+    "external" (ExtMemQuantileDMatrix, pages on local disk) or "dmatrix" (a tree method other
+    than hist: the float rows in RAM); with the figures that decided it."""
+
+    kind: str
+    shard_rows: int
+    estimated_bytes: int  # the QuantileDMatrix's bin indices for shard_rows
+    budget_bytes: int
+    budget_source: str  # "reserved" (resources_per_worker.memory) or "available" (node memory share)
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "shard_rows": self.shard_rows, "estimated_bytes": self.estimated_bytes,
+                "budget_bytes": self.budget_bytes, "budget_source": self.budget_source}
+
+
+def matrix_plan(setting: str, tree_method: str, train_rows: int, world_size: int, num_features: int,
+                max_bin: int, reserved_bytes: float | None, available_bytes: int, local_workers: int) -> MatrixPlan:
+    """Decide how a worker holds its shard, before reading it.
+
+    A QuantileDMatrix holds one bin index per value: 1 byte up to 256 bins, 2 beyond (the
+    estimate ignores xgboost's further compression, so it errs towards external memory).
+    The budget is the worker's reserved Ray memory when it reserves some, else the node's
+    available memory divided among this run's workers on the node."""
+    shard_rows = math.ceil(max(0, train_rows) / max(1, world_size))
+    estimate = shard_rows * num_features * (1 if max_bin <= 256 else 2)
+    if reserved_bytes:
+        budget, source = int(reserved_bytes), "reserved"
+    else:
+        budget, source = int(available_bytes // max(1, local_workers)), "available"
+    if tree_method not in ("hist", "auto"):
+        kind = "dmatrix"  # exact/approx need the values; xgboost's external memory is hist-only
+    elif setting == "always":
+        kind = "external"
+    elif setting == "never":
+        kind = "quantile"
+    else:
+        kind = "external" if estimate > _IN_MEMORY_SHARE * budget else "quantile"
+    return MatrixPlan(kind, shard_rows, estimate, budget, source)
 
 
 def objective_params(task: str, num_outputs: int) -> dict:
@@ -68,16 +130,21 @@ def _outputs(raw: np.ndarray, task: str, num_outputs: int) -> np.ndarray:
 
 
 
-def train_matrix(batches: Callable[[], Iterable], params: dict, num_features: int, may_be_empty: bool = False):
+def train_matrix(batches: Callable[[], Iterable], params: dict, num_features: int, kind: str = "quantile",
+                 may_be_empty: bool = False, cache_dir: str | None = None):
     """The train shard as xgboost's matrix, and its number of rows.
 
     `batches()` gives a new pass over the shard's batches, [(features float32 (n, d), labels)],
-    each time it is called (loop.shard_batches over the worker's Ray Train shard). With the hist
-    tree method (xgboost's default), a QuantileDMatrix fed batch by batch, streamed from Ray Data
-    in each of its passes (one to sketch the quantiles, one to bin): the worker never holds the
-    shard's float values, only 1-byte bin indices (about 4x less than the float32 rows; at 100M
-    rows on the 2-core, 24 GB machine, holding both ran the node out of memory). Other tree
-    methods need the values themselves: a DMatrix of the concatenated shard.
+    each time it is called (loop.shard_batches over the worker's Ray Train shard). `kind`
+    (MatrixPlan.kind):
+    - "quantile": a QuantileDMatrix fed batch by batch, streamed from Ray Data in each of its
+      passes (one to sketch the quantiles, one to bin): the worker never holds the shard's float
+      values, only 1-byte bin indices (about 4x less than the float32 rows; at 100M rows on the
+      2-core, 24 GB machine, holding both ran the node out of memory).
+    - "external": an ExtMemQuantileDMatrix over the same passes, its binned pages written under
+      `cache_dir` (local disk) and read back page by page each round: RAM holds a page, not the
+      shard.
+    - "dmatrix": tree methods other than hist need the values themselves: the concatenated shard.
 
     `may_be_empty`: the split has fewer rows than there are workers (Ray gives every worker the
     same number of rows: then none). An empty shard has nothing to sketch, and a DMatrix of no
@@ -92,16 +159,16 @@ def train_matrix(batches: Callable[[], Iterable], params: dict, num_features: in
             return xgb.DMatrix(np.zeros((0, num_features), np.float32), label=np.zeros((0,), np.float32),
                                nthread=nthread), 0
         batches = lambda: pairs  # noqa: E731 - the tiny shard, held
-    if params.get("tree_method", "hist") not in ("hist", "auto"):
+    if kind == "dmatrix":
         pairs = list(batches())
         x = np.concatenate([x for x, _ in pairs]) if pairs else np.zeros((0, num_features), np.float32)
         y = np.concatenate([y for _, y in pairs]).astype(np.float32) if pairs else np.zeros((0,), np.float32)
         return xgb.DMatrix(x, label=y, nthread=nthread), len(y)
 
     class _Batches(xgb.DataIter):
-        def __init__(self):
+        def __init__(self, cache_prefix: str | None):
             self.rows, self.counted, self.source = 0, False, None
-            super().__init__()
+            super().__init__(cache_prefix=cache_prefix)
 
         def next(self, input_data) -> bool:
             if self.source is None:
@@ -118,16 +185,29 @@ def train_matrix(batches: Callable[[], Iterable], params: dict, num_features: in
         def reset(self) -> None:
             self.source = None
 
-    it = _Batches()
-    return xgb.QuantileDMatrix(it, max_bin=int(params.get("max_bin", 256)), nthread=nthread), it.rows
+    max_bin = int(params.get("max_bin", 256))
+    if kind == "external":
+        if cache_dir is None:
+            raise ValueError("an external-memory matrix needs a cache_dir")
+        it = _Batches(os.path.join(cache_dir, "shard"))
+        return xgb.ExtMemQuantileDMatrix(it, max_bin=max_bin, nthread=nthread), it.rows
+    it = _Batches(None)
+    return xgb.QuantileDMatrix(it, max_bin=max_bin, nthread=nthread), it.rows
+
+
+def _available_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 def _total_rounds(model_params: dict, epochs: int) -> int:
     return max(1, int(model_params.get("num_boost_round") or epochs))
 
 
-def _settings(config: dict) -> tuple[dict, int, int, int]:
-    """(xgboost params, num_boost_round, early_stopping_rounds, checkpoint_every) from the loop config."""
+def _settings(config: dict) -> tuple[dict, int, int, int, str]:
+    """(xgboost params, num_boost_round, early_stopping_rounds, checkpoint_every, external_memory)
+    from the loop config."""
     arch = config["arch"]
     params = dict(arch["model"].get("params", {}))
     rounds = _total_rounds(params, config["epochs"])
@@ -136,11 +216,12 @@ def _settings(config: dict) -> tuple[dict, int, int, int]:
     early = int(early) if early else 0
     every = params.pop("checkpoint_every", None)
     every = max(1, int(every)) if every else max(1, rounds // 100)
+    external = str(params.pop("external_memory", "auto"))
     params.update(objective_params(config["task"], arch["num_outputs"]))
     params["nthread"] = int(config["threads"])
     params.setdefault("seed", int(config["seed"]))
     params.setdefault("verbosity", 1)
-    return params, max(1, rounds), early, every
+    return params, max(1, rounds), early, every, external
 
 
 class XGBoostBackend(Backend):
@@ -152,17 +233,11 @@ class XGBoostBackend(Backend):
 
     def train_loop(self, config: dict) -> None:
         import ray.train
-        import xgboost as xgb
-        from xgboost import collective
 
         reporter = EpochReporter()
-        task = config["task"]
         arch = config["arch"]
-        num_outputs = arch["num_outputs"]
-        params, num_boost_round, early_stopping, every = _settings(config)
-        metric = config["metric"]
-        maximize = metric in _MAX_METRICS
-        label_dtype = np.int64 if task == "classification" else np.float32
+        params, num_boost_round, early_stopping, every, external = _settings(config)
+        label_dtype = np.int64 if config["task"] == "classification" else np.float32
 
         train_shard = ray.train.get_dataset_shard("train")
         # This worker's share of "valid"; the metrics combine every worker's (loop.py).
@@ -170,10 +245,33 @@ class XGBoostBackend(Backend):
                                              reporter.rank, reporter.world_size)
         probe_x = probe_features(arch["num_features"])  # the probe rows of the test split (rayline/train/probe.py)
         # Every worker builds its matrix (construction syncs the column count, and the quantile
-        # sketch of a QuantileDMatrix, over the collective).
-        dtrain, train_rows = train_matrix(lambda: shard_batches(train_shard, arch["num_features"], label_dtype),
-                                          params, arch["num_features"],
-                                          may_be_empty=config.get("train_rows", 0) < reporter.world_size)
+        # sketch, over the collective).
+        plan = matrix_plan(external, params.get("tree_method", "hist"), int(config.get("train_rows", 0)),
+                           reporter.world_size, arch["num_features"], int(params.get("max_bin", 256)),
+                           config.get("memory_per_worker"), _available_memory(),
+                           ray.train.get_context().get_local_world_size())
+        sweep_orphans(tempfile.gettempdir(), EXTMEM_PREFIX)  # left by a killed worker on this node
+        cache_dir = owned_tempdir(tempfile.gettempdir(), EXTMEM_PREFIX) if plan.kind == "external" else None
+        try:
+            dtrain, train_rows = train_matrix(lambda: shard_batches(train_shard, arch["num_features"], label_dtype),
+                                              params, arch["num_features"], kind=plan.kind, cache_dir=cache_dir,
+                                              may_be_empty=config.get("train_rows", 0) < reporter.world_size)
+            self._boost(reporter, config, params, dtrain, train_rows, plan, num_boost_round, early_stopping, every,
+                        valid_x, valid_y, probe_x)
+        finally:
+            if cache_dir is not None:
+                shutil.rmtree(cache_dir, ignore_errors=True)
+
+    def _boost(self, reporter, config, params, dtrain, train_rows, plan, num_boost_round, early_stopping, every,
+               valid_x, valid_y, probe_x) -> None:
+        import xgboost as xgb
+        from xgboost import collective
+
+        task = config["task"]
+        arch = config["arch"]
+        num_outputs = arch["num_outputs"]
+        metric = config["metric"]
+        maximize = metric in _MAX_METRICS
 
         state = {"best_score": None, "best_round": -1, "stopped": False, "num_boost_round": num_boost_round}
         booster = None
@@ -199,6 +297,7 @@ class XGBoostBackend(Backend):
                 # of the restored one): its rounds and trees (the JSON dump, tree by tree), and the
                 # early-stopping state it continues.
                 reporter.record_start({
+                    "train_matrix": plan.as_dict(),
                     "rounds": model.num_boosted_rounds(),
                     "trees_sha256": sha256_of(tree.encode() for tree in model.get_dump(dump_format="json")),
                     "early_stopping": {"best_score": state["best_score"], "best_round": state["best_round"]},
