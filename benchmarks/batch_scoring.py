@@ -1,22 +1,26 @@
-"""Batch scoring, side by side: `rayline predict NAME --input --output` vs pandas + load_model.
+"""Batch scoring, side by side: `rayline predict NAME --input --output` vs the same by hand.
 
     python benchmarks/batch_scoring.py                      # 1M rows; trains a small digits model first (~1-2 min)
-    python benchmarks/batch_scoring.py --workspace W --rows 250000,1000000 --json-out batch.json
+    python benchmarks/batch_scoring.py --workspace W --rows 1000000,10000000 --json-out batch.json
 
 What one run does, for each row count:
 1. Data: a digits-like Parquet file (the 64 `pixel_i_j` float columns of sklearn's digits, rows
    drawn from its 1,797 images plus noise, and an int64 `id`), written in chunks of 50,000 rows
    with pyarrow, so the generator itself holds one chunk at a time.
-2. (a) the baseline a user would write by hand, in one process: `pd.read_parquet` the file,
-   `rayline.load_model(NAME).predict(frame)`, write `id` + `prediction` to Parquet.
-3. (b) `rayline predict NAME --input FILE --output OUT.parquet --keep id` as a subprocess (its
-   own embedded Ray: the start-up is in its time).
-Both run as subprocesses; every 0.2 s the RSS and PSS of each one's whole process tree (the
-command, and for (b) the Ray processes it starts: GCS, raylet, dashboard, workers) are summed.
+2. The baselines a user would write by hand, in one process each:
+   (a) pandas: `pd.read_parquet` the file, `rayline.load_model(NAME).predict(frame)`, write `id` +
+       `prediction` to Parquet (at 10M rows, 4.6 GB of Parquet, it is killed for memory on a
+       24 GB machine: reported as such);
+   (b) streaming: pyarrow `iter_batches` of 65,536 rows, `predict` each, a `ParquetWriter`.
+3. rayline: (c) `rayline predict NAME --input FILE --output OUT.parquet --keep id` as a subprocess
+   (`--engine auto`: no cluster configured, so it scores in its own process) and (d) the same
+   with `--engine ray` (its own embedded Ray and Ray Data's actors: the start-up is in its time).
+Every one runs as a subprocess; every 0.2 s the RSS and PSS of each one's whole process tree (the
+command, and for (d) the Ray processes it starts: GCS, raylet, dashboard, workers) are summed.
 RSS counts a shared page (Ray's object store in /dev/shm, shared libraries) once per process
-that maps it, so the tree's RSS overstates (b); PSS divides each shared page among its users
-and is the fair figure. Both outputs must hold the same predictions in the same order, or the
-run fails (exit 1).
+that maps it, so the tree's RSS overstates (d); PSS divides each shared page among its users
+and is the fair figure. Every output must hold the same predictions in the same order as (b)'s,
+or the run fails (exit 1). Ratios are against (a), or (b) where (a) did not finish.
 
 The model: with `--workspace W` the newest version of `--model` in W; otherwise
 `rayline run pipelines/digits-torch.yaml --no-serve` (1 trial, 3 epochs, 1 worker) trains one
@@ -103,17 +107,20 @@ class TreeSampler:
         self._thread.join()
 
 
-def measured(cmd: list[str], env: dict) -> dict:
+def measured(cmd: list[str], env: dict, may_run_out_of_memory: bool = False) -> dict:
     started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sampler = TreeSampler(proc.pid)
     output, _ = proc.communicate()
     seconds = time.monotonic() - started
     sampler.stop()
+    result = {"seconds": seconds, "peak_rss": sampler.peak_rss, "peak_pss": sampler.peak_pss,
+              "peak_processes": sampler.peak_procs, "output": output.strip().splitlines()[-1:]}
+    if proc.returncode == -9 and may_run_out_of_memory:  # the kernel's OOM killer
+        return {**result, "killed": "out of memory (SIGKILL)"}
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{output}")
-    return {"seconds": seconds, "peak_rss": sampler.peak_rss, "peak_pss": sampler.peak_pss,
-            "peak_processes": sampler.peak_procs, "output": output.strip().splitlines()[-1:]}
+    return result
 
 
 BASELINE = """
@@ -124,6 +131,23 @@ model = rayline.load_model(name, workspace=ws)
 predictions = model.predict(frame.drop(columns=["id"]))["predictions"]
 pd.DataFrame({"id": frame["id"], "prediction": predictions}).to_parquet(out, index=False)
 print(f"baseline wrote {len(frame)} rows")
+"""
+
+
+STREAMING = """
+import sys, pyarrow as pa, pyarrow.parquet as pq, rayline
+data, out, name, ws = sys.argv[1:5]
+model = rayline.load_model(name, workspace=ws)
+writer, rows = None, 0
+for batch in pq.ParquetFile(data).iter_batches(batch_size=65536):
+    frame = batch.to_pandas()
+    predictions = model.predict(frame.drop(columns=["id"]))["predictions"]
+    table = pa.table({"id": frame["id"], "prediction": predictions})
+    writer = writer or pq.ParquetWriter(out, table.schema)
+    writer.write_table(table)
+    rows += len(frame)
+writer.close()
+print(f"streaming wrote {rows} rows")
 """
 
 
@@ -176,29 +200,43 @@ def main() -> None:
             generate(data, rows)
             print(f"\n{rows:,} rows: generated {data.stat().st_size / 2**20:,.0f} MiB of Parquet in "
                   f"{time.monotonic() - t0:.1f} s", flush=True)
-            base_out, ours_out = tmp / "baseline.parquet", tmp / "ours.parquet"
+            outs = {k: tmp / f"{k}.parquet" for k in ("pandas", "streaming", "auto", "ray")}
             load_before = os.getloadavg()[0]
-            base = measured([sys.executable, "-c", BASELINE, str(data), str(base_out), args.model, str(ws)], env)
-            ours = measured([sys.executable, "-m", "rayline.cli", "predict", args.model, "--input", str(data),
-                             "--output", str(ours_out), "--keep", "id", "-w", str(ws)], env)
-            diff = differences(base_out, ours_out)
-            if diff:
-                raise SystemExit(f"the two outputs differ ({diff}): nothing measured")
-            run = {"rows": rows, "baseline": base, "rayline": ours, "load_average_before": load_before,
-                   "load_average_after": os.getloadavg()[0]}
+            results = {
+                "pandas": measured([sys.executable, "-c", BASELINE, str(data), str(outs["pandas"]), args.model, str(ws)],
+                                   env, may_run_out_of_memory=True),
+                "streaming": measured([sys.executable, "-c", STREAMING, str(data), str(outs["streaming"]), args.model,
+                                       str(ws)], env),
+            }
+            for engine in ("auto", "ray"):
+                results[engine] = measured([sys.executable, "-m", "rayline.cli", "predict", args.model, "--input",
+                                            str(data), "--output", str(outs[engine]), "--keep", "id", "-w", str(ws),
+                                            "--engine", engine], env)
+            for key in ("pandas", "auto", "ray"):
+                if "killed" in results[key]:
+                    continue
+                diff = differences(outs["streaming"], outs[key])
+                if diff:
+                    raise SystemExit(f"the outputs of {key} and streaming differ ({diff}): nothing measured")
+            run = {"rows": rows, **results, "load_average_before": load_before, "load_average_after": os.getloadavg()[0]}
             report["runs"].append(run)
-            print(f"{'':<28}{'(a) pandas + load_model':>26}{'(b) rayline predict':>22}{'(b)/(a)':>10}")
+            base_key = "streaming" if "killed" in results["pandas"] else "pandas"
+            labels = {"pandas": "(a) pandas", "streaming": "(b) streaming", "auto": "(c) rayline", "ray": "(d) --engine ray"}
+            print(f"{'':<24}" + "".join(f"{labels[k]:>17}" for k in labels)
+                  + f"{'(c)/' + labels[base_key][:3]:>10}{'(d)/' + labels[base_key][:3]:>10}")
+            base = results[base_key]
             for label, key, fmt in (("seconds (wall)", "seconds", "{:.1f}"), ("rows/s", None, "{:,.0f}"),
                                     ("peak RSS, process tree", "peak_rss", None), ("peak PSS, process tree", "peak_pss", None)):
-                if key is None:
-                    a, b = rows / base["seconds"], rows / ours["seconds"]
-                else:
-                    a, b = base[key], ours[key]
                 shown = (lambda v: fmt.format(v)) if fmt else mib
-                print(f"{label:<28}{shown(a):>26}{shown(b):>22}{b / a:>9.2f}x")
-            print(f"processes in (b)'s tree at most: {ours['peak_processes']}; load average {load_before:.1f} -> "
-                  f"{run['load_average_after']:.1f}; outputs identical ({rows:,} rows, same order)")
-            for f in (data, base_out, ours_out):
+                value = (lambda r: rows / r["seconds"]) if key is None else (lambda r: r[key])
+                cells = "".join(f"{('killed (OOM)' if 'killed' in results[k] else shown(value(results[k]))):>17}"
+                                for k in labels)
+                ratios = "".join(f"{value(results[k]) / value(base):>9.2f}x" for k in ("auto", "ray"))
+                print(f"{label:<24}{cells}{ratios}")
+            print(f"processes in (d)'s tree at most: {results['ray']['peak_processes']}; load average {load_before:.1f} -> "
+                  f"{run['load_average_after']:.1f}; outputs identical ({rows:,} rows, same order)"
+                  + ("; (a) was killed for memory" if base_key == "streaming" else ""), flush=True)
+            for f in (data, *outs.values()):
                 f.unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -384,6 +384,10 @@ def predict(
     timeout: float = typer.Option(60.0, help="Seconds to wait for each request to the endpoint."),
     retries: int = typer.Option(3, "--retries", min=0, help="Retries on 429 (after Retry-After), 502, 503, 504 and "
                                 "connection failures, with exponential backoff and jitter."),
+    engine: str = typer.Option("auto", "--engine", help="Offline scoring only: local (in this process), ray (Ray "
+                               "Data on the cluster, or on an embedded Ray), or auto: ray when a cluster is configured "
+                               "(RAY_ADDRESS or a `rayline cluster up` head) or the input is not local Parquet or CSV, "
+                               "else local."),
 ) -> None:
     """Predictions from a served model (ROUTE or URL), or offline batch scoring of a dataset (NAME).
 
@@ -393,8 +397,11 @@ def predict(
     """
     online = target.startswith(("/", "http://", "https://"))
     to_file = output not in ("table", "json")
+    if online and engine != "auto":
+        raise RaylineError(f"--engine: applies to offline scoring of a registered model NAME (got --engine {engine} "
+                           f"with {target}; allowed: leave it out when querying a served model)")
     if not online:
-        _score_offline(target, json_body, input_file, output, to_file, version, keep, workspace, probabilities)
+        _score_offline(target, json_body, input_file, output, to_file, version, keep, workspace, probabilities, engine)
         return
     from rayline.client import Client
     from rayline.serve.client import load_instances, prediction_rows
@@ -466,7 +473,8 @@ def _write_online(url, api_key, timeout, retries, instances, probabilities, keep
     console.print(f"wrote {len(frame):,} predictions to {path} (version {answered or '?'} answered)")
 
 
-def _score_offline(name, json_body, input_file, output, to_file, version, keep, workspace, probabilities) -> None:
+def _score_offline(name, json_body, input_file, output, to_file, version, keep, workspace, probabilities,
+                   engine="auto") -> None:
     """`rayline predict NAME --input DATA --output FILE.parquet`: batch scoring (rayline/batch.py)."""
     if json_body is not None or input_file is None or not to_file:
         got = "--json" if json_body is not None else "no --input" if input_file is None else f"--output {output}"
@@ -477,8 +485,9 @@ def _score_offline(name, json_body, input_file, output, to_file, version, keep, 
 
     with _progress_reporter() as report:
         result = score(name, str(input_file), output, version=version, workspace=_ws(workspace),
-                       probabilities=probabilities, keep=keep, progress=report)
-    console.print(f"wrote {result.rows:,} rows to {result.output} (model {result.model} v{result.version}; "
+                       probabilities=probabilities, keep=keep, progress=report, engine=engine)
+    where = "in this process" if result.engine == "local" else "on Ray"
+    console.print(f"wrote {result.rows:,} rows to {result.output} (model {result.model} v{result.version}, {where}; "
                   f"{result.seconds:.1f} s, {result.rows_per_s:,.0f} rows/s)")
 
 
@@ -489,6 +498,7 @@ class _progress_reporter:
         self.bar = None
         self.task = None
         self.last = 0.0
+        self.pending = None  # (rows, total) not printed yet
         if err_console.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -504,14 +514,21 @@ class _progress_reporter:
             self.bar.update(self.task, completed=rows, total=total)
             return
         now = time.monotonic()
+        self.pending = (rows, total)
         if now - self.last >= 5.0 or (total and rows >= total):
-            self.last = now
-            of = f" of {total:,}" if total else ""
-            err_console.print(f"scored {rows:,}{of} rows")
+            self._line()
 
-    def __exit__(self, *exc):
+    def _line(self) -> None:
+        rows, total = self.pending
+        self.last, self.pending = time.monotonic(), None
+        of = f" of {total:,}" if total else ""
+        err_console.print(f"scored {rows:,}{of} rows")
+
+    def __exit__(self, exc_type, *exc):
         if self.bar is not None:
             self.bar.stop()
+        elif exc_type is None and self.pending is not None:
+            self._line()  # the last count, whenever the run ends between two lines
 
 
 @models_app.command("list")

@@ -20,7 +20,7 @@ from rayline.errors import ClusterError
 from rayline.ports import free_port
 from rayline.workspace import Workspace
 
-__all__ = ["Connection", "connect", "train_env", "serve_env", "INGRESS_CHOICES", "HOST_CHOICES", "cluster_up", "cluster_down",
+__all__ = ["Connection", "connect", "cluster_address", "train_env", "serve_env", "INGRESS_CHOICES", "HOST_CHOICES", "cluster_up", "cluster_down",
            "cluster_status", "token_auth_on", "quiet_ray", "quiet_driver_logs", "pin_state_api"]
 
 _TOKEN = Path.home() / ".ray" / "auth_token"
@@ -284,6 +284,12 @@ def _match_cluster_auth(address: str) -> None:
         _enable_token_auth()
     else:
         _disable_token_auth()
+
+
+def cluster_address(ws: Workspace, address: str | None = None) -> str | None:
+    """The cluster `connect` would join (`address`, RAY_ADDRESS, a `rayline cluster up` head
+    recorded in the workspace), or None when it would start an embedded Ray."""
+    return address or os.environ.get("RAY_ADDRESS") or _recorded_head(ws)
 
 
 def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None = None, verbose: bool = False,

@@ -56,17 +56,20 @@ def _cli(*args, timeout=180):
 
 
 
+@pytest.mark.parametrize("engine", ["ray", "local"])
 def test_in_process_scoring_equals_the_predictor_for_every_row_and_the_endpoint_for_a_sample(
-        digits, ws, frame, data_file, predictor, tmp_path):
+        digits, ws, frame, data_file, predictor, tmp_path, engine):
+    """Both engines: Ray Data's actors on the session Ray, and the local engine in this process."""
     import rayline
     from rayline.batch import score
 
     out = tmp_path / "scores.parquet"
     seen = []
     result = score("digits", str(data_file), str(out), version=digits.version, workspace=ws, probabilities=True,
-                   keep=["id"], progress=lambda rows, total: seen.append((rows, total)))
+                   keep=["id"], progress=lambda rows, total: seen.append((rows, total)), engine=engine)
     labels = [str(c) for c in predictor.preprocessing.label.classes]
     scored = pq.read_table(out).to_pandas()
+    assert result.engine == engine
     assert result.rows == ROWS and len(scored) == ROWS and result.version == digits.version
     assert list(scored.columns) == ["id", "prediction"] + [f"probability_{c}" for c in labels]
     assert scored["id"].tolist() == frame["id"].tolist()  # input order kept; `id` to join on as well
@@ -85,7 +88,8 @@ def test_in_process_scoring_equals_the_predictor_for_every_row_and_the_endpoint_
     assert sorted(os.listdir(tmp_path)) == ["scores.parquet"]
 
 
-def test_a_failure_mid_dataset_leaves_no_output_and_keeps_an_existing_one(digits, ws, frame, tmp_path):
+@pytest.mark.parametrize("engine", ["ray", "local"])
+def test_a_failure_mid_dataset_leaves_no_output_and_keeps_an_existing_one(digits, ws, frame, tmp_path, engine):
     from rayline.batch import score
     from rayline.errors import DataError
 
@@ -101,7 +105,7 @@ def test_a_failure_mid_dataset_leaves_no_output_and_keeps_an_existing_one(digits
 
     free_before = ray.available_resources().get("CPU", 0)  # this module's endpoint's replicas hold some
     with pytest.raises(DataError) as info:
-        score("digits", str(tmp_path / "in"), str(out), workspace=ws)
+        score("digits", str(tmp_path / "in"), str(out), workspace=ws, engine=engine)
     assert str(info.value) == (f"--input: column(s) ['pixel_3_4'] hold missing values and model digits v{digits.version} "
                                "imputes none of them (allowed: a value in every row of these columns)")
     assert out.read_bytes() == b"an earlier result"
@@ -114,18 +118,44 @@ def test_a_failure_mid_dataset_leaves_no_output_and_keeps_an_existing_one(digits
         time.sleep(0.5)
 
 
-def test_cli_scores_a_directory_in_a_subprocess_with_progress_lines(digits, ws, frame, tmp_path):
+@pytest.mark.parametrize("engine", ["auto", "ray"])
+def test_cli_scores_a_directory_in_a_subprocess_with_progress_lines(digits, ws, frame, predictor, tmp_path, engine):
+    """`auto` with no cluster configured (the subprocess has no RAY_ADDRESS) scores in the CLI's
+    own process; `--engine ray` starts an embedded Ray with Ray Data's actors. Same output."""
     (tmp_path / "in").mkdir()
     for i in range(2):
         frame.iloc[i * 1_000:(i + 1) * 1_000].to_csv(tmp_path / "in" / f"part-{i}.csv", index=False)
     out = tmp_path / "scores.parquet"
-    proc = _cli("digits", "--input", str(tmp_path / "in"), "--output", str(out), "-w", str(ws.root))
+    proc = _cli("digits", "--input", str(tmp_path / "in"), "--output", str(out), "-w", str(ws.root), "--engine", engine)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"wrote 2,000 rows to {out} (model digits v{digits.version}; "), proc.stdout
+    where = "in this process" if engine == "auto" else "on Ray"
+    assert proc.stdout.startswith(f"wrote 2,000 rows to {out} (model digits v{digits.version}, {where}; "), proc.stdout
     assert "scored 2,000 rows" in proc.stderr and "Traceback" not in proc.stderr  # plain lines: not a terminal
     scored = pq.read_table(out).to_pandas()
     assert list(scored.columns) == list(frame.columns) + ["prediction"]  # every input column by default
     assert scored["id"].tolist() == frame["id"].head(2_000).tolist()
+    expected = predictor.predict(pd.read_csv(tmp_path / "in" / "part-0.csv").drop(columns="id"))["predictions"]
+    assert scored["prediction"].head(1_000).tolist() == expected
+
+
+def test_engine_choice():
+    """auto: local for local Parquet or CSV with no cluster to use; Ray otherwise."""
+    import pyarrow as pa
+
+    from rayline.batch import choose_engine
+    from rayline.errors import DataError
+
+    schema = pa.schema([("a", pa.float64())])
+    assert choose_engine("auto", "parquet", ["/d/a.parquet"], schema, cluster=False) == "local"
+    assert choose_engine("auto", "csv", ["/d/a.csv"], schema, cluster=True) == "ray"
+    assert choose_engine("auto", "json", ["/d/a.jsonl"], schema, cluster=False) == "ray"
+    assert choose_engine("auto", "parquet", ["s3://b/a.parquet"], None, cluster=False) == "ray"
+    assert choose_engine("ray", "parquet", ["/d/a.parquet"], schema, cluster=False) == "ray"
+    assert choose_engine("local", "csv", ["/d/a.csv"], schema, cluster=True) == "local"
+    with pytest.raises(DataError, match=r"^--engine: local reads local Parquet and CSV files \(got json files; "):
+        choose_engine("local", "json", ["/d/a.jsonl"], schema, cluster=False)
+    with pytest.raises(DataError, match=r"^--engine: unknown engine \(got 'spark'; allowed: auto, local, ray\)$"):
+        choose_engine("spark", "csv", ["/d/a.csv"], schema, cluster=False)
 
 
 @pytest.mark.parametrize("case", ["missing input", "unknown model", "unknown version", "missing column",

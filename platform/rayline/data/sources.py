@@ -47,6 +47,7 @@ __all__ = [
     "sample_frame",
     "read_file",
     "read_dataset",
+    "csv_convert_options",
     "unwrap_data_error",
     "fingerprint",
 ]
@@ -253,7 +254,7 @@ def _json_lines_head(file: str, limit: int | None) -> bytes:
 # ---------------------------------------------------------------- one local file, every format
 
 
-def _csv_convert_options():
+def csv_convert_options():
     """An empty CSV cell is a missing value in every column: Arrow makes it null in numeric
     columns but '' in string ones unless told (pandas makes both NaN), so `impute` sees it
     and `rayline predict --input` sends null for it."""
@@ -272,9 +273,9 @@ def _read_local(fmt: str, file: str, limit: int | None):
             from pyarrow import csv
 
             if limit is None:
-                return csv.read_csv(file, convert_options=_csv_convert_options())
+                return csv.read_csv(file, convert_options=csv_convert_options())
             # streaming: reads blocks of ~1 MB, stops at `limit` rows
-            reader = csv.open_csv(file, convert_options=_csv_convert_options())
+            reader = csv.open_csv(file, convert_options=csv_convert_options())
             batches, rows = [], 0
             for batch in reader:
                 batches.append(batch)
@@ -412,8 +413,8 @@ def read_dataset(source):
             from rayline.data.csv_ranges import read_csv_ranges, use_ranges
 
             # A large local file in parallel byte ranges (data/csv_ranges.py); else Ray's reader, a task per file.
-            ds = (read_csv_ranges(files, _csv_convert_options()) if use_ranges(files)
-                  else ray.data.read_csv(files, file_extensions=None, convert_options=_csv_convert_options()))
+            ds = (read_csv_ranges(files, csv_convert_options()) if use_ranges(files)
+                  else ray.data.read_csv(files, file_extensions=None, convert_options=csv_convert_options()))
         elif source.format == "parquet":
             ds = ray.data.read_parquet(files, file_extensions=None)
         elif any(is_uri(f) for f in files):
