@@ -390,8 +390,12 @@ def _local_batches(fmt: str, files: list[str], columns: list[str]):
             if fmt == "parquet":
                 import pyarrow.parquet as pq
 
+                # One row group at a time: one iter_batches over the whole file (pre_buffer, its
+                # default) kept what it had read until the end, so memory grew with the file (a
+                # 4.6 GB, 10M-row file peaked at 5.5 GB RSS; per row group it stays at ~1.3 GB).
                 with pq.ParquetFile(file) as pf:
-                    yield from pf.iter_batches(batch_size=WRITE_ROWS, columns=columns)
+                    for group in range(pf.num_row_groups):
+                        yield from pf.iter_batches(batch_size=WRITE_ROWS, row_groups=[group], columns=columns)
             else:
                 from pyarrow import csv
 
