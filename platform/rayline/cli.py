@@ -20,6 +20,9 @@ from typer.core import TyperGroup
 from rayline.console import console, err_console, styled
 from rayline.errors import RaylineError, SpecError
 
+# Seconds between two lines of a long phase's progress in plain logs (a terminal shows every one).
+TICK_LINE_S = 5.0
+
 __all__ = ["app", "main"]
 
 app = typer.Typer(
@@ -237,11 +240,18 @@ def _run_with_progress(spec, ws, spec_path, deploy, host, port, **options):
         # final frame, when the run is over, so `rayline jobs logs --follow` showed nothing for
         # minutes. One plain line per stage event instead, as it happens.
         started: dict[str, float] = {}
+        ticked: dict[str, float] = {}
 
         def on_line(stage: str, event: str, detail: str = "") -> None:
             if stage not in stages:
                 return
             detail = _shown(detail)
+            if event == "tick":  # rows so far in a long phase: a line every TICK_LINE_S in logs
+                now = time.monotonic()
+                if now - ticked.get(stage, started.get(stage, now)) >= TICK_LINE_S:
+                    ticked[stage] = now
+                    console.print(f"{stage}: {detail}")
+                return
             if event == "start":
                 started[stage] = time.monotonic()
                 console.print(f"{stage}: started {detail}".rstrip())
@@ -265,7 +275,7 @@ def _run_with_progress(spec, ws, spec_path, deploy, host, port, **options):
             if event == "start":
                 progress.start_task(task)
                 progress.update(task, description=f"{stage} {detail}")
-            elif event == "progress":
+            elif event in ("progress", "tick"):
                 progress.update(task, description=f"{stage}: {detail}")
             else:
                 progress.update(task, completed=1, description=f"✓ {stage} {detail}")

@@ -302,6 +302,7 @@ def run_pipeline(
 
         prepared = prepare_variants(spec, [_with(spec, v) if v else spec for v in variants],
                                     progress=lambda detail: on_stage("data", "progress", detail),
+                                    tick=lambda detail: on_stage("data", "tick", detail),
                                     cache=DataCache.of(ws, read=data_cache))
         data = prepared[0]
     except KeyboardInterrupt as exc:

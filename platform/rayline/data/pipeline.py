@@ -21,6 +21,7 @@ from rayline.data.preprocess import (
     fit_preprocessing,
 )
 from rayline.data.cache import cache_key, write_block
+from rayline.data.progress import PhaseProgress, materialize
 from rayline.data.profile import MAX_LABEL_VALUES, ProfileRequest, profile_dataset
 from rayline.data.schema_check import infer_task
 from rayline.data.split import HASH_COLUMN, TEST, TRAIN, VALID, AddRowHash, Thresholds
@@ -114,7 +115,7 @@ def prepare_data(spec) -> PreparedData:
     return prepare_variants(spec, [spec])[0]
 
 
-def prepare_variants(spec, variants: list, progress=None, cache=None) -> list[PreparedData]:
+def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None) -> list[PreparedData]:
     """The data stage once per preprocessing variant: read and split once, fit and transform each.
 
     `variants`: specs equal to `spec` but for `data.preprocess` (a whole-pipeline sweep's
@@ -125,7 +126,9 @@ def prepare_variants(spec, variants: list, progress=None, cache=None) -> list[Pr
     (data/split.py), and kept in Ray's object store; one pass (data/profile.py) then gathers the
     label's classes, the split sizes, the probe rows and every statistic of every variant's
     steps; each variant is fitted from those statistics on the driver and transforms each split
-    in one pass of whole blocks. `progress(text)` hears of each phase as it ends.
+    in one pass of whole blocks. `progress(text)` hears of each phase as it ends; `tick(text)`
+    of the rows done so far in the long ones (reading, transforming), with a rate and the time
+    left (data/progress.py).
 
     `cache` (data/cache.py's DataCache, or None): a variant whose output is there is read back
     instead (when every variant's is, nothing else is read); each one computed is stored.
@@ -173,7 +176,7 @@ def prepare_variants(spec, variants: list, progress=None, cache=None) -> list[Pr
     try:
         # Kept in the object store (spilled to disk beyond it): the profile pass and each split's
         # transform read it there instead of parsing the files again.
-        hashed = hashed.materialize()
+        hashed = materialize(hashed, PhaseProgress(tick, "reading") if tick else None)
         phases.done("read", f"read and hashed {hashed.num_blocks()} blocks")
         profile = profile_dataset(hashed, request)
         total = sum(profile.rows.values())
@@ -229,7 +232,7 @@ def prepare_variants(spec, variants: list, progress=None, cache=None) -> list[Pr
             entry = cache.writer(keys[i]) if keys[i] is not None else None
             with entry or contextlib.nullcontext():
                 prepared.append(_transformed(hashed, split, fitted, test_rows, data_fingerprint, probe_frame,
-                                             profile.rows, entry))
+                                             profile.rows, entry, tick))
                 which = f" {len(prepared)}/{len(variants)}" if len(variants) > 1 else ""
                 phases.done("transform", f"transformed{which} {total:,} rows to {len(fitted.output_columns)} features"
                                          + (" (and stored them in the data cache)" if entry else ""), rows=total)
@@ -355,7 +358,8 @@ def _collect(rows) -> pd.DataFrame:
     return pa.concat_tables(tables, promote_options="permissive").to_pandas(ignore_metadata=True)
 
 
-def _transformed(hashed, split, fitted, test_rows, data_fingerprint, probe_frame, rows, entry=None) -> PreparedData:
+def _transformed(hashed, split, fitted, test_rows, data_fingerprint, probe_frame, rows, entry=None,
+                 tick=None) -> PreparedData:
     """The train and valid splits model-ready through `fitted`: one pass of whole blocks each,
     which also writes them into the cache `entry` (data/cache.py's EntryWriter) when given."""
 
@@ -363,7 +367,8 @@ def _transformed(hashed, split, fitted, test_rows, data_fingerprint, probe_frame
         folder = entry.folder(which) if entry is not None else None
         ds = hashed.map_batches(_SplitToTrainingBatch(split, which, fitted, folder), batch_format="pyarrow",
                                 batch_size=None)
-        return (ds.randomize_block_order(seed=split.seed) if which == TRAIN else ds).materialize()
+        ds = ds.randomize_block_order(seed=split.seed) if which == TRAIN else ds
+        return materialize(ds, PhaseProgress(tick, f"transforming {which}", total_rows=rows[which]) if tick else None)
 
     try:
         train, valid = convert(TRAIN), convert(VALID)
