@@ -61,24 +61,80 @@ def _read_parquet(path: str):
     return pq.read_table(path)
 
 
+def _block_metadata(file: str):
+    """Ray Data's metadata of the block `file` holds, from its Parquet footer alone: rows, schema
+    and the row groups' uncompressed size (Ray's memory accounting takes it as the block's)."""
+    import pyarrow.parquet as pq
+    from ray.data.block import BlockMetadataWithSchema
+
+    footer = pq.read_metadata(file)
+    size = sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
+    return BlockMetadataWithSchema(num_rows=footer.num_rows, size_bytes=size, exec_stats=None,
+                                   input_files=(file,), schema=footer.schema.to_arrow_schema())
+
+
+def _read_many(files: list[str]):
+    """One reading task's share of the files: each file's table, an object of its own."""
+    tables = [_read_parquet(f) for f in files]
+    return tables[0] if len(tables) == 1 else tables
+
+
+def _groups(files: list[str], count: int) -> list[list[str]]:
+    """`files` in at most `count` groups of about equal bytes (largest first onto the lightest)."""
+    groups: list[list[str]] = [[] for _ in range(max(1, min(count, len(files))))]
+    loads = [0] * len(groups)
+    for f in sorted(files, key=lambda f: -os.path.getsize(f)):
+        i = loads.index(min(loads))
+        groups[i].append(f)
+        loads[i] += os.path.getsize(f)
+    return [g for g in groups if g]
+
+
 def _read_splits(path: Path) -> dict:
-    """Every split's Parquet files as materialized Datasets: one Ray task per file, all splits'
-    tasks submitted at once, the tables going straight into Datasets (`from_arrow_refs`).
+    """Every split's Parquet files as materialized Datasets, without waiting for their rows.
+
+    The files are read by one wave of Ray tasks, one per CPU of the cluster, each returning each
+    of its files' tables as an object of its own; each split's Dataset is built at once from those
+    (future) tables and the blocks' metadata from the files' footers, as Ray's `from_arrow_refs`
+    builds one. The data stage returns at once and the reads go on while Ray Train starts its
+    workers (a worker's first batch waits for them). The tasks reserve no CPU: Train's workers
+    may take every CPU before they run (with 1 CPU each, a 2-worker run on 2 CPUs waited for them
+    forever); their number bounds what they use.
 
     Not `ray.data.read_parquet`: it took 1.6 s per split of 35 small files, warm, on the 2-core
     machine; nor a Ray Data pass per split (0.15-0.3 s each even for a few files, one after the
-    other). The rows never pass through the driver."""
+    other); nor `from_arrow_refs`, which runs a task per block for its metadata and waits for
+    every read (3M churn rows, 13 files: 0.65 s warm, 1.0 s in a fresh Ray, a quarter of the
+    first run's data stage). The rows never pass through the driver."""
     import ray
     import ray.data
 
-    read = ray.remote(num_cpus=1)(_read_parquet)
-    refs = {}
+    files = {}
     for split in SPLIT_FOLDERS:
-        files = sorted(str(f) for f in (path / split).glob("*.parquet"))
-        if not files:
+        files[split] = sorted(str(f) for f in (path / split).glob("*.parquet"))
+        if not files[split]:
             raise FileNotFoundError(f"{path / split}: no Parquet files")
-        refs[split] = [read.remote(f) for f in files]
-    return {split: ray.data.from_arrow_refs(blocks) for split, blocks in refs.items()}
+    # Footers first, before any task: a bad one is a miss (raised here), never a failed training.
+    metadata = {f: _block_metadata(f) for fs in files.values() for f in fs}
+    read = ray.remote(num_cpus=0)(_read_many)
+    refs = {}
+    for group in _groups(list(metadata), int(ray.cluster_resources().get("CPU", 1))):
+        out = read.options(num_returns=len(group)).remote(group)
+        refs.update(zip(group, out if len(group) > 1 else [out]))
+    try:
+        from ray.data._internal.logical.interfaces import LogicalPlan
+        from ray.data._internal.logical.operators.from_operators import FromArrow
+        from ray.data._internal.stats import DatasetStats
+        from ray.data.dataset import MaterializedDataset
+    except ImportError:  # another Ray's internals: Ray's own from_arrow_refs, which waits for the reads
+        return {split: ray.data.from_arrow_refs([refs[f] for f in fs]) for split, fs in files.items()}
+    datasets = {}
+    for split, fs in files.items():
+        meta = [metadata[f] for f in fs]
+        context = ray.data.DataContext.get_current().copy()
+        plan = LogicalPlan(FromArrow([refs[f] for f in fs], meta), context)
+        datasets[split] = MaterializedDataset(plan, context, DatasetStats(metadata={"FromArrow": meta}, parent=None))
+    return datasets
 
 
 @dataclass
