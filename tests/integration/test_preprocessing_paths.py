@@ -51,5 +51,9 @@ def test_materialize_with_progress_counts_every_block_and_equals_ray_materialize
     assert lines[-1].endswith(", ~0 s left")
     counts = [int(line.split()[2].replace(",", "")) for line in lines]
     assert counts == sorted(counts) and counts[0] == 1_000
+    # Without a total of rows, the blocks Ray Data planned give the time left.
+    reading = PhaseProgress(lines.append, "reading", every_s=0)
+    materialize(ds, reading)
+    assert reading.total_blocks == 6 and lines[-1].startswith("reading 6,000 rows (6 of 6 blocks), "), lines[-1]
     # Used twice: the blocks stay in the object store, not recomputed.
     assert ours.sum("id") == sum(2 * i for i in range(6_000))

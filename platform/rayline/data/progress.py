@@ -76,9 +76,9 @@ def materialize(ds, progress: PhaseProgress | None):
     except ImportError:
         return ds.materialize()
     if progress.total_blocks is None:
-        try:  # the read's tasks, planned before it runs (cheap: no execution)
-            progress.total_blocks = ds._plan.initial_num_blocks()
-        except Exception:
+        try:  # the blocks Ray Data's plan expects (the read's files or byte ranges), without running it
+            progress.total_blocks = ds._logical_plan.dag.estimated_num_outputs()
+        except Exception:  # not estimated by this Ray: rows and rate only
             pass
     bundles = []
     schema = None
