@@ -19,6 +19,10 @@ What one run does, for each row count:
    (`data: done in X s`, the CLI's plain lines when not at a terminal), and its phases' lines.
 4. (c) the same `rayline run` again in the same workspace: the unchanged data stage must come
    from the data cache (the run fails otherwise); its data-stage seconds and (b)'s share.
+5. (d) batch scoring of the same CSV with the model (b) registered: `rayline predict bench-churn
+   --input CSV --output OUT.parquet` against, by hand, `pd.read_csv` + `rayline.load_model(...)
+   .predict` + `to_parquet`; both outputs must hold the same predictions in the same order.
+   (benchmarks/batch_scoring.py does the same for 64-column Parquet files, with both engines.)
 Both run as subprocesses; every 0.2 s the RSS and PSS of each one's whole process tree are
 summed (see batch_scoring.py's TreeSampler: PSS is the fair figure for Ray's shared memory),
 and the driver's own peak RSS is recorded separately (the figure that decides whether the
@@ -142,6 +146,28 @@ def measured(cmd: list[str], env: dict, profile: Path | None = None) -> dict:
             "driver_peak_rss": sampler.peak_root_rss, "output": output}
 
 
+SCORE_BY_HAND = r"""
+import sys, pandas as pd, rayline
+data, out, ws, label = sys.argv[1:5]
+frame = pd.read_csv(data)
+model = rayline.load_model("bench-churn", workspace=ws)
+predictions = model.predict(frame.drop(columns=[label]))["predictions"]
+frame.assign(prediction=predictions).to_parquet(out, index=False)
+print(f"scored {len(frame)} rows")
+"""
+
+
+def same_predictions(a: Path, b: Path) -> str | None:
+    """None when both Parquet files hold the same predictions in the same order, else what differs."""
+    import pyarrow.parquet as pq
+
+    pa_, pb = (pq.read_table(f, columns=["prediction"]).column("prediction").to_pylist() for f in (a, b))
+    if len(pa_) != len(pb):
+        return f"{len(pa_)} rows vs {len(pb)}"
+    bad = [i for i, (x, y) in enumerate(zip(pa_, pb)) if x != y]
+    return f"{len(bad)} predictions differ, first at row {bad[0]}" if bad else None
+
+
 def rayline_accuracy(ws: Path) -> float:
     sys.path.insert(0, str(ROOT / "platform"))
     import rayline
@@ -201,6 +227,23 @@ def main() -> None:
                 again["data_s"] = float(cached.group(1))
             again.pop("output")
             ours["rerun"] = again
+            # (d) batch scoring of the same file with the registered model, and by hand.
+            scored = tmp / "scored.parquet"
+            score = measured([sys.executable, "-m", "rayline.cli", "predict", "bench-churn", "--input", str(data),
+                              "--output", str(scored), "-w", str(ws)], env)
+            score.pop("output")
+            ours["predict"] = score
+            if hand is not None:
+                by_hand_scored = tmp / "scored-by-hand.parquet"
+                hand_score = measured([sys.executable, "-c", SCORE_BY_HAND, str(data), str(by_hand_scored), str(ws), LABEL],
+                                      env)
+                hand_score.pop("output")
+                hand["predict"] = hand_score
+                differ = same_predictions(scored, by_hand_scored)
+                if differ:
+                    raise SystemExit(f"batch scoring by hand and by rayline differ ({differ})")
+                by_hand_scored.unlink()
+            scored.unlink()
             run = {"rows": rows, "csv_mib": data.stat().st_size / 2**20, "by_hand": hand, "rayline": ours,
                    "load_average_before": load_before, "load_average_after": os.getloadavg()[0]}
             report["runs"].append(run)
@@ -213,6 +256,13 @@ def main() -> None:
                 print(f"{label:<30}" + (f"{mib(hand[key]):>28}{mib(ours[key]):>18}{ours[key] / hand[key]:>14.2f}x mem" if hand
                                         else f"{skipped}{mib(ours[key]):>18}"))
             print(f"{'test accuracy':<30}" + (f"{hand['accuracy']:>28.4f}" if hand else skipped) + f"{ours['accuracy']:>18.4f}")
+            hs, rs = (hand or {}).get("predict"), ours["predict"]
+            print(f"{'(d) batch scoring, s':<30}" + (f"{hs['seconds']:>28.1f}{rs['seconds']:>18.1f}"
+                                                       f"{hs['seconds'] / rs['seconds']:>14.2f}x" if hs
+                                                       else f"{skipped}{rs['seconds']:>18.1f}"))
+            print(f"{'(d) scoring peak PSS':<30}" + (f"{mib(hs['peak_pss']):>28}{mib(rs['peak_pss']):>18}"
+                                                       f"{rs['peak_pss'] / hs['peak_pss']:>14.2f}x mem" if hs
+                                                       else f"{skipped}{mib(rs['peak_pss']):>18}"))
             print(f"(c) rayline run again (data cached): data stage {again['data_s']:.1f} s "
                   f"({again['data_s'] / ours['data_s']:.0%} of (b)'s), whole run {again['seconds']:.1f} s")
             print("(b)'s data stage, phase by phase: " + "; ".join(ours["phases"]))

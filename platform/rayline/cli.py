@@ -974,9 +974,6 @@ def cache_list(workspace: Optional[Path] = WorkspaceOpt,
         raise SpecError([f"--output: unknown format (got {output!r}; allowed: table, json)"])
     ws = _ws(workspace)
     cache = DataCache.of(ws)
-    if cache is None:
-        console.print(f"no data cache: the workspace {ws.location} is on object storage (data stages are recomputed)")
-        return
     entries = cache.entries()
     rows = []
     for entry in entries:
@@ -1011,9 +1008,6 @@ def cache_prune(workspace: Optional[Path] = WorkspaceOpt,
     seconds = _duration_s(older_than) if older_than is not None else None
     ws = _ws(workspace)
     cache = DataCache.of(ws)
-    if cache is None:
-        console.print(f"no data cache: the workspace {ws.location} is on object storage")
-        return
     sizes = {e.key: e.bytes for e in cache.entries()}  # before: removed entries have no size after
     removed = cache.prune(seconds)
     left = cache.entries()

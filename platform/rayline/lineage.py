@@ -102,9 +102,7 @@ def lineage(ws, name: str, version: Optional[str] = None) -> Lineage:
         from rayline.data.cache import DataCache
 
         cache = DataCache.of(ws)
-        if cache is not None:
-            entry = cache.root / out.cache_key
-            out.cache_entry, out.cache_present = str(entry), entry.is_dir()
+        out.cache_entry, out.cache_present = str(cache.location(out.cache_key)), cache.has(out.cache_key)
     if out.checkpoint:
         out.checkpoint_present = _exists(out.checkpoint)
     if out.experiment:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -158,6 +159,23 @@ def test_runs_checkpoints_records_and_artifacts_are_objects_in_the_bucket(s3, en
     assert not (state_dir / "runs").exists() and not (state_dir / "mlartifacts").exists(), list(state_dir.iterdir())
     assert not (cwd / ".rayline").exists()
     assert not list(state_dir.rglob("rayline_state.json")), "a checkpoint was written locally"
+    # The data stage's cache entry is objects too, written by the Ray tasks that computed the
+    # splits: the splits' Parquet files, the fitted preprocessing, and the meta.json listing them
+    # (written last, with each file's size).
+    cached = [k for k in keys if k.startswith(f"{PREFIX}/data-cache/")]
+    metas = [k for k in cached if k.endswith("/meta.json")]
+    assert len(metas) == 1, cached
+    entry = metas[0][:-len("/meta.json")]
+    meta = json.loads(s3.get_object(Bucket=BUCKET, Key=metas[0])["Body"].read())
+    listed = {f"{entry}/{name}": size for name, size in meta["files"].items()}
+    for split in ("train", "valid", "test_rows"):
+        assert any(k.startswith(f"{entry}/{split}/") and k.endswith(".parquet") for k in listed), (split, listed)
+    assert f"{entry}/preprocessing.json" in listed
+    sizes = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=entry + "/")["Contents"]}
+    assert {k: sizes[k] for k in listed} == listed
+    assert not [k for k in cached if "/." in k], "a scratch folder was left"  # the shared test rows' folder
+    assert not (state_dir / "data-cache").exists()
+    assert "stored in the data cache (" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_the_registered_model_loads_back_from_s3_through_the_registry(s3, env, trained):
@@ -191,7 +209,29 @@ def test_resume_finds_an_interrupted_run_on_s3_and_restores_its_checkpoints(s3, 
     proc = _rayline(["run", str(spec), "--workspace", WORKSPACE, "--no-serve", "--resume"], cwd, env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"resumed the interrupted run {record['experiment']}" in proc.stdout, proc.stdout[-2000:]
+    # Its data stage came from the bucket's data cache, not recomputed.
+    assert re.search(r"^data: done in [0-9.]+ s: .*, cached \(", proc.stdout, re.M), proc.stdout[-2000:]
     after = json.loads(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
     assert after["status"] == "registered" and after["version"] == "2" and after["experiment"] == record["experiment"], after
     assert after["resumed_runs"] == [record["run_id"]], after
     assert checkpoints() == before and before
+
+
+def test_the_data_cache_on_s3_is_listed_and_pruned(s3, env, trained):
+    """`rayline cache list` and `prune` on the s3:// workspace: the entry the runs wrote and read
+    (its size, last used by the resumed run), then no objects left under data-cache/."""
+    cwd, _, _ = trained
+    before = [k for k in _keys(s3) if k.startswith(f"{PREFIX}/data-cache/")]
+    listed = _rayline(["cache", "list", "--workspace", WORKSPACE, "-o", "json"], cwd, env, timeout=120)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    document = json.loads(listed.stdout)
+    assert document["root"] == f"{WORKSPACE}/data-cache"
+    (entry,) = document["entries"]
+    assert entry["pipeline"] == "s3iris" and entry["rows"] == 150 and not entry["broken"], entry
+    sizes = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}/data-cache/")["Contents"]}
+    assert entry["bytes"] == document["bytes"] == sum(sizes.values()) and before
+    pruned = _rayline(["cache", "prune", "--workspace", WORKSPACE], cwd, env, timeout=120)
+    assert pruned.returncode == 0, pruned.stderr[-2000:]
+    assert pruned.stdout.startswith("removed 1 entry ("), pruned.stdout
+    # (pyarrow's S3 filesystem keeps an empty `data-cache/` marker for the emptied folder)
+    assert not [k for k in _keys(s3) if k.startswith(f"{PREFIX}/data-cache/") and not k.endswith("/")]

@@ -70,14 +70,18 @@ def test_an_entry_whose_listed_file_changed_is_a_miss_and_is_removed(tmp_path):
     assert not path.exists()
 
 
-def test_no_cache_on_an_object_storage_workspace(tmp_path):
-    from rayline.workspace import workspace
-
-    assert DataCache.of(workspace(tmp_path / "ws")) is not None
+def test_the_cache_lives_where_the_workspace_does(tmp_path):
+    """A local workspace's cache is its folder; an object-storage workspace's is under its URI
+    (tests/integration/test_storage_s3.py writes, hits and prunes one in a real S3 server)."""
     import dataclasses
 
-    remote = dataclasses.replace(workspace(tmp_path / "ws"), storage_uri="s3://bucket/ws")
-    assert remote.remote and DataCache.of(remote) is None
+    from rayline.workspace import workspace
+
+    local = DataCache.of(workspace(tmp_path / "ws"))
+    assert not local.remote and local.root == (tmp_path / "ws").resolve() / "data-cache"
+    remote = DataCache.of(dataclasses.replace(workspace(tmp_path / "ws"), storage_uri="s3://bucket/ws"))
+    assert remote.remote and remote.root == "s3://bucket/ws/data-cache"
+    assert remote.location("k1") == "s3://bucket/ws/data-cache/k1"
 
 
 def test_a_block_written_again_replaces_its_file_and_an_empty_one_writes_nothing(tmp_path):

@@ -41,6 +41,7 @@ def store(tmp_path_factory):
     checkpoint = root / "runs" / "tiny-exp" / "checkpoint_000004"
     checkpoint.mkdir(parents=True)
     (ws.root / "data-cache" / "key1").mkdir(parents=True)
+    (ws.root / "data-cache" / "key1" / "meta.json").write_text("{}")  # a whole entry has one
     record = Path(ws.runs_dir) / "tiny-exp" / "rayline-run.json"
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps({"experiment": "tiny-exp", "status": "registered", "version": "1"}))

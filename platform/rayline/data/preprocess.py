@@ -120,9 +120,13 @@ class FittedPreprocessing:
             steps=[step_from_state(s) for s in data["steps"]],
         )
 
+    def to_json(self) -> str:
+        """What `save` writes (and `from_dict(json.loads(...))` reads back)."""
+        return json.dumps(self.to_dict(), indent=1, default=_json_default)
+
     def save(self, path) -> None:
         with open(path, "w") as fh:
-            json.dump(self.to_dict(), fh, indent=1, default=_json_default)
+            fh.write(self.to_json())
 
     @classmethod
     def load(cls, path) -> "FittedPreprocessing":
