@@ -374,7 +374,8 @@ def _example_instance(spec) -> dict:
 def predict(
     target: str = typer.Argument(..., metavar="ROUTE_OR_URL_OR_NAME", help="A /route on this machine's Serve or an "
                                  "http(s):// URL: query the served model online. A registered model NAME (no leading "
-                                 "/): score --input offline with Ray Data into --output FILE.parquet."),
+                                 "/): score --input offline (in this process, or with Ray Data on a cluster: --engine) into "
+                                 "--output FILE.parquet."),
     json_body: Optional[str] = typer.Option(None, "--json", help='Instances as JSON: \'{"instances": [...]}\' or a list of rows.'),
     input_file: Optional[Path] = typer.Option(None, "--input", help="Rows from a file in any format training reads: .csv, .parquet/.pq, "
                                               ".json (an array of rows, or JSON Lines), .jsonl/.ndjson; offline also a "
@@ -403,7 +404,7 @@ def predict(
 
     Online, with a /route or URL: `rayline predict /digits --input rows.csv` prints a table; `-o json` prints the answer; `-o out.parquet` writes a file.
 
-    Offline, with a registered model NAME: `rayline predict digits --input data.parquet --output scores.parquet` scores every row with Ray Data in bounded memory, rows in input order.
+    Offline, with a registered model NAME: `rayline predict digits --input data.parquet --output scores.parquet` scores every row in bounded memory, rows in input order (in this process, or with Ray Data on a cluster: --engine).
     """
     online = target.startswith(("/", "http://", "https://"))
     to_file = output not in ("table", "json")
