@@ -18,7 +18,9 @@ and Ray Train's run state), while training runs:
   (not from epoch 0), the recovered workers' live weights and optimizer state before their first
   step were exactly those of the checkpoint they restored (copied at the kill), Ray Train ran a
   second attempt on the surviving and the new node;
-- the registered model is served by a replica on a worker node, and the endpoint answers HTTP.
+- the registered model is served by a replica on a worker node, and the endpoint answers HTTP;
+- the split its data stage made on the two worker nodes is the one the session's single node
+  makes of the same data (split sizes and the raw test rows, from the data cache entry).
 
 The pytest process never joins this cluster (it drives the session's embedded Ray): it talks
 to it through `rayline submit` and the dashboard's HTTP API only. Every node is stopped after
@@ -100,7 +102,7 @@ def _wait(what: str, check, proc, log, timeout_s: float):
         time.sleep(0.5)
 
 
-def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(cluster, tmp_path):
+def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(cluster, tmp_path, ray_session):
     ws = tmp_path / "shared-ws"  # a path every node of this one-machine cluster reaches
     log = tmp_path / "submit.log"
     env = {**os.environ}
@@ -191,6 +193,24 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
     assert isinstance(response.json()["predictions"][0], float)
     replicas = [a for a in cluster.state("actors", state="ALIVE") if a["class_name"].startswith("ServeReplica:diabetes")]
     assert replicas and all(a["node_id"] in {survivor.node_id, replacement.node_id} for a in replicas), replicas
+    # The split the cluster's data stage made (its tasks ran on the two worker nodes: the head has
+    # no CPUs) is the one this single-node session makes of the same data: the same split sizes,
+    # and the same raw test rows, read from the data cache entry the cluster's tasks wrote.
+    import json
+
+    import pyarrow.parquet as pq
+
+    from rayline.data import prepare_data
+    from rayline.spec import load_spec
+
+    (meta_file,) = list((ws / "data-cache").glob("*/meta.json"))
+    meta = json.loads(meta_file.read_text())
+    here = prepare_data(load_spec(ROOT / "pipelines" / "diabetes-torch.yaml"))
+    assert meta["rows"] == here.rows, (meta["rows"], here.rows)
+    on_cluster = pq.read_table(meta_file.parent / "test_rows").to_pandas()
+    on_one_node = here.collect_test_rows()
+    key = list(on_one_node.columns)
+    assert sorted(map(tuple, on_cluster[key].to_numpy().tolist())) == sorted(map(tuple, on_one_node[key].to_numpy().tolist()))
     print(f"multi-node run: {took:.0f} s from submit to served (workers placed {t_train - started:.0f} s, node killed "
           f"{t_kill - started:.0f} s, replacement joined {t_added - started:.0f} s); resumed from epoch {resumed_at}; "
           f"killed node {victim.index} ({len(killed)} processes)")
