@@ -304,7 +304,7 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
         return Connection(address=None, embedded=False, owned=False)
     quiet_ray()
     recorded = _recorded_head(ws)
-    address = address or os.environ.get("RAY_ADDRESS") or recorded
+    address = cluster_address(ws, address)
     if address:
         _match_cluster_auth(address)  # fails fast, one line, when nothing answers there
     if not verbose:

@@ -182,8 +182,9 @@ def write_json(location: str, document) -> None:
                            f"({_env_hint(location.split('://', 1)[0])})") from exc
 
 
-def list_names(location: str) -> list[str]:
-    """Names of the entries directly under `location` (sorted; empty when it does not exist)."""
+def list_names(location: str, folders_only: bool = False) -> list[str]:
+    """Names of the entries directly under `location` (sorted; empty when it does not exist);
+    with `folders_only`, of its folders (prefixes, on object storage) only."""
     import pyarrow.fs
 
     fs, path = filesystem(location)
@@ -191,7 +192,8 @@ def list_names(location: str) -> list[str]:
         infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True, recursive=False))
     except OSError:
         return []
-    return sorted(posixpath.basename(info.path.rstrip("/")) for info in infos)
+    return sorted(posixpath.basename(info.path.rstrip("/")) for info in infos
+                  if not folders_only or info.type == pyarrow.fs.FileType.Directory)
 
 
 def download_dir(location: str, dest: str) -> str:

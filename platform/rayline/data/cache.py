@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rayline.storage import filesystem, is_uri, join
+from rayline.storage import exists, filesystem, is_uri, join, list_names, read_json
 
 __all__ = ["DataCache", "CacheEntry", "EntryWriter", "cache_key", "write_block", "CACHE_FORMAT", "SPLIT_FOLDERS"]
 
@@ -164,18 +164,6 @@ def _files(location: str) -> dict[str, int]:
     return {i.path[len(root):]: i.size for i in infos if i.type == pyarrow.fs.FileType.File and i.path.startswith(root)}
 
 
-def _children(location: str) -> list[str]:
-    """Names of the folders (prefixes) directly under `location`."""
-    import pyarrow.fs
-
-    fs, path = filesystem(location)
-    try:
-        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, recursive=False, allow_not_found=True))
-    except OSError:
-        return []
-    return sorted(i.base_name for i in infos if i.type == pyarrow.fs.FileType.Directory)
-
-
 def _remove(location: str | Path) -> None:
     """Remove the folder (prefix) at `location` and everything in it; gone already is fine."""
     if not is_uri(str(location)):
@@ -186,12 +174,6 @@ def _remove(location: str | Path) -> None:
         fs.delete_dir(path)
     except (FileNotFoundError, OSError):
         pass
-
-
-def _read_text(location: str) -> str:
-    fs, path = filesystem(location)
-    with fs.open_input_stream(path) as fh:
-        return fh.read().decode()
 
 
 def _write_bytes(location: str, data: bytes) -> None:
@@ -265,7 +247,7 @@ class DataCache:
     def has(self, key: str) -> bool:
         """Whether entry `key` is there, whole (its meta.json written)."""
         if self.remote:
-            return _mtime(join(self.root, key, _META)) > 0
+            return exists(join(self.root, key, _META))
         return (self.root / key / _META).is_file()
 
     # ------------------------------------------------------------ reading
@@ -273,13 +255,11 @@ class DataCache:
     def entries(self) -> list[CacheEntry]:
         out = []
         if self.remote:
-            for name in _children(self.root):
+            for name in list_names(self.root, folders_only=True):
                 if name.startswith("."):
                     continue
-                try:
-                    meta = json.loads(_read_text(join(self.root, name, _META)))
-                except (OSError, ValueError):  # being written, or what a killed run left
-                    meta = {"broken": True}
+                # none: being written, or what a killed run left
+                meta = read_json(join(self.root, name, _META)) or {"broken": True}
                 out.append(CacheEntry(name, join(self.root, name), meta))
             return sorted(out, key=lambda e: e.created)
         if not self.root.is_dir():
@@ -333,9 +313,8 @@ class DataCache:
         from rayline.data.preprocess import FittedPreprocessing
 
         location = join(self.root, key)
-        try:
-            meta = json.loads(_read_text(join(location, _META)))
-        except (OSError, ValueError):
+        meta = read_json(join(location, _META))
+        if meta is None:
             return None  # no entry, or one being written (its meta.json comes last)
         try:
             if meta.get("format") != CACHE_FORMAT or meta.get("key") != key:
@@ -344,7 +323,7 @@ class DataCache:
             for name, size in meta["files"].items():
                 if present.get(name) != size:
                     raise ValueError(f"{name}: missing or another size")
-            preprocessing = FittedPreprocessing.from_dict(json.loads(_read_text(join(location, "preprocessing.json"))))
+            preprocessing = FittedPreprocessing.from_dict(read_json(join(location, "preprocessing.json")))
             datasets = _read_splits(location, meta["files"])
             probe_frame = None
             if "probe_frame.parquet" in meta["files"]:
@@ -394,7 +373,7 @@ class DataCache:
                 _remove(entry.path)
                 removed.append(entry)
         if self.remote:
-            for name in _children(self.root):
+            for name in list_names(self.root, folders_only=True):
                 if name.startswith(".") and ".tmp-" in name:
                     _remove(join(self.root, name))
         elif self.root.is_dir():
