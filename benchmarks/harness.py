@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-__all__ = ["LoadResult", "LoadClient", "ServerProcess", "measure", "wait_http", "machine_info", "format_table"]
+__all__ = ["LoadResult", "LoadClient", "HeyClient", "load_client", "ServerProcess", "measure", "wait_http", "machine_info",
+           "format_table"]
 
 
 @dataclass
@@ -160,6 +161,79 @@ class LoadClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class HeyClient:
+    """`measure` with `hey` (Go; Debian's package `hey`), an HTTP load generator nobody here wrote,
+    so the client is neither ours nor a Python event loop competing for 2 cores. Closed loop,
+    keep-alive, `concurrency` workers for `seconds` after a discarded warm-up run. hey sends one
+    body file per run: the first of `bodies` (a served model's cost does not depend on which
+    digits row it scores). Latencies and status codes come from hey's per-request CSV."""
+
+    def __init__(self, binary: str):
+        self.binary = binary
+
+    def measure(self, url: str, bodies: list[bytes], concurrency: int, seconds: float, warmup_s: float = 2.0,
+                rows_per_request: int = 1, timeout_s: float = 60.0, headers: dict | None = None) -> LoadResult:
+        import tempfile
+
+        import psutil
+
+        with tempfile.NamedTemporaryFile(suffix=".json") as body:
+            body.write(bodies[0])
+            body.flush()
+            cmd = [self.binary, "-c", str(concurrency), "-m", "POST", "-T", "application/json", "-D", body.name,
+                   "-t", str(int(timeout_s))]
+            for key, value in (headers or {}).items():
+                cmd += ["-H", f"{key}: {value}"]
+            if warmup_s > 0:
+                subprocess.run(cmd + ["-z", f"{warmup_s:g}s", url], capture_output=True, timeout=warmup_s + 60)
+            busy = lambda t: sum(t) - t.idle - getattr(t, "iowait", 0.0)  # noqa: E731
+            machine_before, children_before = psutil.cpu_times(), os.times()
+            wall_before = time.perf_counter()
+            proc = subprocess.run(cmd + ["-z", f"{seconds:g}s", "-o", "csv", url], capture_output=True, text=True,
+                                  timeout=seconds + timeout_s + 60)
+            wall = time.perf_counter() - wall_before
+            machine_after, children_after = psutil.cpu_times(), os.times()
+        latencies, errors, first_error, last_offset = [], 0, None, 0.0
+        for line in proc.stdout.splitlines()[1:]:
+            cells = line.split(",")
+            if len(cells) < 8:
+                continue
+            status, offset = cells[6], float(cells[7])
+            last_offset = max(last_offset, offset)
+            if status == "200":
+                latencies.append(float(cells[0]))
+            else:
+                errors += 1
+                first_error = first_error or f"HTTP {status}"
+        if proc.returncode != 0 and first_error is None:
+            first_error = proc.stderr.strip()[-300:] or f"hey exited {proc.returncode}"
+        lat = np.asarray(latencies) * 1000.0
+        pct = (lambda q: float(np.percentile(lat, q))) if len(lat) else (lambda q: float("nan"))
+        client = (children_after.children_user - children_before.children_user
+                  + children_after.children_system - children_before.children_system)
+        return LoadResult(
+            url=url, concurrency=concurrency, seconds=last_offset or seconds, requests=len(latencies), errors=errors,
+            rows_per_request=rows_per_request, p50_ms=pct(50), p90_ms=pct(90), p99_ms=pct(99),
+            client_cpu=client / wall, machine_cpu=(busy(machine_after) - busy(machine_before)) / wall,
+            first_error=first_error,
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def load_client(kind: str = "auto"):
+    """`hey` when installed (kind auto or hey), else (or with kind aiohttp) the aiohttp LoadClient."""
+    import shutil
+
+    binary = shutil.which("hey")
+    if kind == "hey" and binary is None:
+        raise SystemExit("--client hey: `hey` is not installed (Debian: apt-get install hey)")
+    if kind in ("auto", "hey") and binary:
+        return HeyClient(binary)
+    return LoadClient()
 
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:

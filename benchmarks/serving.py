@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import LoadClient, LoadResult, ServerProcess, format_table, machine_info, wait_http  # noqa: E402
+from harness import LoadResult, ServerProcess, format_table, load_client, machine_info, wait_http  # noqa: E402
 
 __all__ = ["main"]
 
@@ -51,8 +51,8 @@ BATCH_ROWS = 1000
 SAMPLE_ROWS = 64  # rows of the correctness check
 PACKAGES = ("rayline", "ray", "torch", "fastapi", "uvicorn", "pydantic", "numpy", "aiohttp")
 
-SERVER_NAMES = {"(b)": "(b) rayline on Ray Serve", "(c)": "(c) rayline app, no Ray",
-                "(d)": "(d) rayline, ROUTE/v/N (no router)"}
+SERVER_NAMES = {"(b)": "(b) rayline, printed ROUTE/predict", "(c)": "(c) rayline app, no Ray",
+                "(d)": "(d) rayline, ROUTE/v/N/predict", "(e)": "(e) rayline, /v2/models/NAME/infer"}
 
 # The issue's targets, as (b)/(a) ratios in the same run: (figure key, comparison, bound).
 TARGETS = {
@@ -77,6 +77,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--baseline-port", type=int, default=8821, help="hand-written server port (a)")
     p.add_argument("--app-port", type=int, default=8822, help="rayline's app under plain uvicorn, no Ray (c)")
     p.add_argument("--baseline-threads", type=int, default=1, help="torch threads of the hand-written server")
+    p.add_argument("--client", choices=("auto", "hey", "aiohttp"), default="auto",
+                   help="load generator: hey (Debian's package; auto picks it when installed) or the aiohttp client")
     p.add_argument("--json-out", type=Path, help="also write the results as JSON here")
     args = p.parse_args(argv)
     args.seconds = args.seconds or (4.0 if args.quick else 15.0)
@@ -164,6 +166,17 @@ def _bodies(x: np.ndarray, features: list[str], rows: int, count: int, arrays: b
     return a, b
 
 
+def _v2_bodies(x: np.ndarray, features: list[str], rows: int, count: int) -> list[bytes]:
+    """The same rows as Open Inference Protocol requests: one FP64 tensor per feature."""
+    out = []
+    for k in range(count):
+        idx = [(k * rows + j) % len(x) for j in range(rows)]
+        block = x[idx]
+        out.append(json.dumps({"inputs": [{"name": f, "shape": [rows], "datatype": "FP64", "data": block[:, i].tolist()}
+                                          for i, f in enumerate(features)]}).encode())
+    return out
+
+
 def _check_agreement(a_url: str, b_url: str, predictor, x: np.ndarray, y: np.ndarray, features: list[str]) -> dict:
     """Both servers answer 200 and predict the same labels as rayline's offline predictor."""
     import httpx
@@ -224,6 +237,17 @@ def _router_hop(figures: dict) -> list[str]:
             format_table(["figure", "(b) routed", "(d) version route", "(b)/(d)"], rows)]
 
 
+def _v2_cost(figures: dict) -> list[str]:
+    """What the Open Inference Protocol costs: (e) /v2 infer against (b) ROUTE/predict, same rows."""
+    if "(e)" not in figures:
+        return []
+    fb, fe = figures["(b)"], figures["(e)"]
+    rows = [[key.replace("@", " @ "), f"{fe[key]:.2f}" if "ms" in key else f"{fe[key]:.0f}",
+             f"{fb[key]:.2f}" if "ms" in key else f"{fb[key]:.0f}", f"{_ratio(key, fb, fe):.2f}x"] for key in fe]
+    return ["", "V2: (e) /v2/models/NAME/infer vs (b) ROUTE/predict, same rows (target: p50 <= 1.2x):",
+            format_table(["figure", "(e) /v2 infer", "(b) /predict", "(e)/(b)"], rows)]
+
+
 def _report(args, machine: dict, check: dict, results: dict[str, dict]) -> tuple[str, dict]:
     """`results`: server label -> scenario -> LoadResult, (a) first; ratios are against (a)."""
     figures = {label: _figures(res) for label, res in results.items()}
@@ -261,33 +285,37 @@ def _report(args, machine: dict, check: dict, results: dict[str, dict]) -> tuple
         f"\nmachine: {machine['cores']} cores, {machine['cpu']}, {machine['ram_gib']} GiB RAM, {machine['os']}, "
         f"load average (1 min) at start {machine['load_avg_1m']}; (b) behind the {machine['ingress']}",
         "versions: python " + machine["python"] + ", " + ", ".join(f"{k} {v[k]}" for k in v),
-        f"run: {args.warmup:g} s warm-up + {args.seconds:g} s per measurement, closed loop, keep-alive; "
+        f"run: {args.warmup:g} s warm-up + {args.seconds:g} s per measurement, closed loop, keep-alive, client "
+        f"{machine['client']}; "
         f"baseline torch threads {args.baseline_threads}; correctness: {check.get('agree_a_b')}/{check.get('rows')} rows agree "
         f"(a)=(b), {check.get('agree_b_offline')}/{check.get('rows')} (b)=offline, model version {check.get('version')}",
-        "", table, *_router_hop(figures), "",
+        "", table, *_router_hop(figures), *_v2_cost(figures), "",
         "client and machine CPU (cores busy over each measurement; the machine figure includes everyone):", load,
     ])
     summary = {"figures": {**{label.strip("()"): f for label, f in figures.items()},
                            "ratio": {k: _ratio(k, fa, fb) for k in fa},
                            "ratio_c": {k: _ratio(k, fa, figures["(c)"]) for k in fa} if "(c)" in figures else {},
-                           "ratio_router": {k: _ratio(k, figures["(d)"], fb) for k in fb} if "(d)" in figures else {}},
+                           "ratio_router": {k: _ratio(k, figures["(d)"], fb) for k in fb} if "(d)" in figures else {},
+                           "ratio_v2": {k: _ratio(k, fb, figures["(e)"]) for k in fb} if "(e)" in figures else {}},
                "targets": verdicts}
     return text, summary
 
 
-def _measure_all(args, client: LoadClient, urls: dict[str, str], x: np.ndarray, features: list[str]):
+def _measure_all(args, client, urls: dict[str, str], x: np.ndarray, features: list[str]):
     """server label -> scenario -> LoadResult; (a) takes bare float lists, the others rayline's instances."""
     results: dict[str, dict[str, LoadResult]] = {label: {} for label in urls}
     one_a, one_b = _bodies(x, features, 1, len(x))
     big_a, big_b = _bodies(x, features, BATCH_ROWS, 4)
     _, big_arrays = _bodies(x, features, BATCH_ROWS, 4, arrays=True)
-    scenarios = [(f"1 row @ {c}", one_a, one_b, c, 1) for c in args.concurrency]
-    scenarios.append((f"rows {BATCH_ROWS} @ {args.batch_concurrency}", big_a, big_b, args.batch_concurrency, BATCH_ROWS))
-    scenarios.append((f"arrays {BATCH_ROWS} @ {args.batch_concurrency}", big_a, big_arrays, args.batch_concurrency, BATCH_ROWS))
-    for name, bodies_a, bodies_b, conc, rows in scenarios:
+    one_v2, big_v2 = _v2_bodies(x, features, 1, 64), _v2_bodies(x, features, BATCH_ROWS, 4)
+    scenarios = [(f"1 row @ {c}", one_a, one_b, one_v2, c, 1) for c in args.concurrency]
+    scenarios.append((f"rows {BATCH_ROWS} @ {args.batch_concurrency}", big_a, big_b, big_v2, args.batch_concurrency, BATCH_ROWS))
+    scenarios.append((f"arrays {BATCH_ROWS} @ {args.batch_concurrency}", big_a, big_arrays, big_v2, args.batch_concurrency,
+                      BATCH_ROWS))
+    for name, bodies_a, bodies_b, bodies_v2, conc, rows in scenarios:
         # Every server per scenario in turn, so slow drifts in the neighbours' load hit all alike.
         for label, url in urls.items():
-            bodies = bodies_a if label == "(a)" else bodies_b
+            bodies = bodies_a if label == "(a)" else bodies_v2 if label == "(e)" else bodies_b
             r = client.measure(url, bodies, conc, args.seconds, warmup_s=args.warmup, rows_per_request=rows)
             results[label][name] = r
             print(f"  {name:<16} {label} {r.requests_per_s:8.1f} req/s  p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms  "
@@ -353,11 +381,15 @@ def main(argv: list[str] | None = None) -> int:
 
         machine = machine_info(PACKAGES)
         machine["ingress"] = _ingress(ws) if _head_temp_dir(ws) else "unknown (endpoint not on a `rayline cluster up` head)"
-        client = LoadClient()
+        client = load_client(args.client)
+        machine["client"] = f"hey ({client.binary})" if hasattr(client, "binary") else "aiohttp (harness.LoadClient)"
         print(f"measuring ({args.warmup:g} s warm-up + {args.seconds:g} s each):", flush=True)
         urls = {"(a)": f"{a_url}/predict", "(b)": f"{b_url}/predict", "(c)": f"{c_url}/predict"}
         if _healthy(f"{b_url}/v/{check['version']}/health"):  # the version's own route (rayline/serve/versions.py)
             urls["(d)"] = f"{b_url}/v/{check['version']}/predict"
+        v2 = f"http://127.0.0.1:{args.serve_port}/v2/models/{MODEL}"
+        if _healthy(f"{v2}/ready"):
+            urls["(e)"] = f"{v2}/infer"
         results = _measure_all(args, client, urls, x, features)
         text, summary = _report(args, machine, check, results)
         print(text)

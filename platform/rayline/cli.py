@@ -221,8 +221,14 @@ def _run_and_serve(conn, spec, ws, spec_path, deploy, host, port, exit_after_dep
             try:
                 while True:
                     time.sleep(3600)
-            except KeyboardInterrupt:
-                console.print("stopping...")
+            except KeyboardInterrupt as exc:
+                from rayline.signals import Terminated
+
+                from rayline.spec import ServeSpec
+
+                drain = (spec.serve or ServeSpec()).drain_timeout_s
+                console.print(f"{'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'}: stopping {summary.endpoint} "
+                              f"(in-flight requests get up to {drain:g} s, serve.drain_timeout_s), then Serve and Ray")
         elif summary.endpoint and not conn.embedded:
             console.print(f"\nThe endpoint stays up on the cluster at {conn.address}.")
     finally:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rayline.errors import ClusterError
 from rayline.ports import free_port
+from rayline.signals import stop_on_sigterm
 from rayline.workspace import Workspace
 
 __all__ = ["Connection", "connect", "cluster_address", "train_env", "serve_env", "INGRESS_CHOICES", "HOST_CHOICES", "cluster_up", "cluster_down",
@@ -37,16 +38,62 @@ class Connection:
 
         if not (self.owned and ray.is_initialized()):
             return
-        if self.embedded:
-            # Our own Ray: its endpoints go with it. On a cluster they must outlive the CLI,
-            # so there we only disconnect.
-            try:
-                from ray import serve
+        if not self.embedded:
+            ray.shutdown()  # on a cluster the endpoints must outlive the CLI: only disconnect
+            return
+        # Our own Ray: its endpoints go with it. Serve first: each replica finishes its in-flight
+        # requests (serve.drain_timeout_s) before it stops.
+        processes = _embedded_ray_processes()
+        try:
+            from ray import serve
 
-                serve.shutdown()
-            except Exception:
-                pass  # Serve was never started
+            serve.shutdown()
+        except Exception:
+            pass  # Serve was never started
         ray.shutdown()
+        _reap(processes)
+
+
+def _embedded_ray_processes() -> list:
+    """The embedded Ray's processes (GCS, raylet, dashboard, ...) and every child of theirs (the
+    agents, the workers), listed while they run."""
+    import psutil
+
+    try:
+        from ray._private import worker
+
+        pids = [info.process.pid for infos in worker._global_node.all_processes.values() for info in infos]
+    except Exception:  # noqa: BLE001 - Ray internals moved: nothing to reap, as before
+        return []
+    found = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            found += [process, *process.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return found
+
+
+def _reap(processes: list, grace_s: float = 5.0) -> None:
+    """After ray.shutdown: end what of the embedded Ray still runs. Ray's DashboardAgent and
+    RuntimeEnvAgent outlived `rayline run` by about a minute (seen after SIGTERM and Ctrl-C)."""
+    import psutil
+
+    if not processes:
+        return
+    _, alive = psutil.wait_procs(processes, timeout=1.0)
+    for process in alive:
+        try:
+            process.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
 
 
 def quiet_ray() -> None:
@@ -316,6 +363,7 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
             # A head from `rayline cluster up` already has train_env(); another cluster gets it per job.
             runtime_env = None if address == recorded else {"env_vars": train_env()}
             ray.init(address=address, log_to_driver=verbose, namespace="rayline", runtime_env=runtime_env)
+            stop_on_sigterm()  # over Ray's handler, which ray.init just installed
             return Connection(address=address, embedded=False, owned=True)
         # The dashboard hosts Ray's state API, which Train V2 uses to free the placement
         # groups of trials Tune stops early; without it those CPUs leak.
@@ -337,6 +385,7 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
         if fault is not None:  # the machine failed (a removed working directory, a full disk), not Ray's address
             raise EnvironmentFault(fault) from exc
         raise ClusterError(f"cannot start Ray{' at ' + address if address else ''}: {str(exc).splitlines()[0]}") from None
+    stop_on_sigterm()  # over Ray's handler, which ray.init just installed
     return Connection(address=None, embedded=True, owned=True)
 
 

@@ -1,12 +1,13 @@
-"""Every replica of a model's router follows the traffic split (README, "Model versions, canary and
-rollback"): the real Router with two replicas behind Serve's HTTP ingress, the split rewritten in
-Ray's KV by the driver's own writer (`versions._write_table`) and waited for as `versions.deploy`
-waits (`versions._settle`), and every answer checked.
+"""Every replica of a model's route follows the traffic split (README, "Model versions, canary and
+rollback"): the real Router with two replicas behind Serve's HTTP ingress, holding the digits
+model's versions in-process, the split rewritten in Ray's KV by the driver's own writer
+(`versions._write_table`) and waited for as `versions.deploy` waits (`versions._settle`: until
+every replica says it loaded and serves the new revision), and every answer checked.
 
-A router needs no version application to say which split it follows: `ROUTE/-/routing` answers
-from the answering replica's own table. Which replica answered is not in the answer, so Serve's
-per-replica request counters (Prometheus export) show that both replicas answered a good share
-of the checked requests.
+`ROUTE/-/routing` answers from the answering replica's own table, and each prediction names the
+version that computed it (body and x-rayline-version). Which replica answered is not in the answer,
+so Serve's per-replica request counters (Prometheus export) show that both replicas answered a good
+share of the checked requests.
 """
 
 import time
@@ -16,7 +17,8 @@ import httpx
 
 from .conftest import PORT
 
-NAME = "follow"  # a router only; no model of that name exists
+NAME = "digits"  # the session's registered digits model, here at a route of its own
+ROUTE = "/follow"
 REQUESTS_PER_SPLIT = 20
 
 
@@ -38,35 +40,54 @@ def _replica_requests(app: str) -> Counter:
     return found
 
 
-def test_every_router_replica_follows_the_split(ray_session):
+def test_every_router_replica_follows_the_split(digits, ws):
     from ray import serve
     from ray.experimental.internal_kv import _internal_kv_del
 
+    from rayline.registry import Registry
+    from rayline.serve.app import deployment_options
     from rayline.serve.router import KV_NAMESPACE, Router, routing_key
-    from rayline.serve.versions import _ensure_serve, _settle, _wait_running, _write_table
+    from rayline.spec import ServeSpec
+    from rayline.serve.versions import _ensure_serve, _forget_replicas, _settle, _wait_running, _write_table
 
+    client = Registry(ws).client
+    mv = client.get_model_version(NAME, digits.version)
+    copy = str(client.create_model_version(NAME, mv.source, mv.run_id, tags=dict(mv.tags)).version)  # same model, new number
+    one, two = str(digits.version), copy
     _ensure_serve("127.0.0.1", PORT)
-    # The product's Router deployment, with two replicas from the start (build_router autoscales from one).
-    serve.run(Router.options(name=f"{NAME}-router", num_replicas=2).bind(NAME), name=NAME, route_prefix=f"/{NAME}",
-              blocking=False)
+    _internal_kv_del(routing_key(NAME), namespace=KV_NAMESPACE)
+    _forget_replicas(NAME)
+    # The product's route deployment as build_router makes it, but with two replicas from the start.
+    options = {**deployment_options(ServeSpec(), "torch", f"{NAME}-router"), "autoscaling_config": None, "num_replicas": 2}
+    app = Router.options(**options).bind(NAME, str(ws.root), None, ServeSpec().model_dump(exclude={"route", "canary"}))
+    serve.run(app, name=NAME, route_prefix=ROUTE, blocking=False)
     try:
         _wait_running([NAME])
-        splits = [({"1": 100}, "1", None), ({"1": 90, "2": 10}, "1", "2"), ({"2": 100}, "2", None),
-                  ({"1": 30, "2": 70}, "2", "1")]
+        splits = [({one: 100}, one, None), ({one: 90, two: 10}, one, two), ({two: 100}, two, None),
+                  ({one: 30, two: 70}, two, one)]
         answered = 0
+        body = {"instances": [[0.0] * 64]}
         for revision, (weights, champion, canary) in enumerate(splits, start=1):
-            table = {"model": NAME, "route": f"/{NAME}", "weights": weights, "champion": champion, "canary": canary,
+            table = {"model": NAME, "route": ROUTE, "weights": weights, "champion": champion, "canary": canary,
                      "gate": None, "rollout": f"rollout-{revision}", "revision": revision, "serve": {}}
             _write_table(NAME, table)
             _settle(table)  # what `rayline serve deploy|promote|rollback` waits before saying the split is live
-            seen = Counter()
+            seen, versions = Counter(), Counter()
             for _ in range(REQUESTS_PER_SPLIT):
-                r = httpx.get(f"http://127.0.0.1:{PORT}/{NAME}/-/routing", timeout=30)
+                r = httpx.get(f"http://127.0.0.1:{PORT}{ROUTE}/-/routing", timeout=30)
                 assert r.status_code == 200, r.text
-                body = r.json()
-                seen[(body["revision"], tuple(sorted(body["effective_weights"].items())), body["canary"])] += 1
-            answered += REQUESTS_PER_SPLIT
+                got = r.json()
+                seen[(got["revision"], tuple(sorted(got["effective_weights"].items())), got["canary"])] += 1
+                assert set(got["loaded"]) == set(weights), got  # the replica holds exactly the live versions
+                p = httpx.post(f"http://127.0.0.1:{PORT}{ROUTE}/predict", json=body, timeout=30)
+                assert p.status_code == 200, p.text
+                assert p.headers["x-rayline-version"] == p.json()["version"], (p.headers, p.text)
+                versions[p.json()["version"]] += 1
+            answered += 2 * REQUESTS_PER_SPLIT
             assert seen == {(revision, tuple(sorted(weights.items())), canary): REQUESTS_PER_SPLIT}, (revision, seen)
+            assert set(versions) <= set(weights), (weights, versions)
+            if max(weights.values()) == 100:
+                assert versions == {champion: REQUESTS_PER_SPLIT}, versions
         # Both replicas answered (Ray exports every 10 s: poll, bounded), each a fair share of the checked requests.
         deadline = time.monotonic() + 60
         while sum((counts := _replica_requests(NAME)).values()) < answered and time.monotonic() < deadline:
@@ -75,3 +96,4 @@ def test_every_router_replica_follows_the_split(ray_session):
         assert min(counts.values()) >= answered // 5, counts
     finally:
         _internal_kv_del(routing_key(NAME), namespace=KV_NAMESPACE)
+        serve.delete(NAME)

@@ -49,48 +49,15 @@ class ModelServer:
         self.version = mv.version
         self.predictor = Predictor(registry.download(mv), version=mv.version)
         settings = dict(settings)
-        delay_s = float(settings.pop("debug_infer_delay_s", 0.0) or 0.0)  # test-only, see _make_infer
+        self.delay_s = float(settings.pop("debug_infer_delay_s", 0.0) or 0.0)  # test-only, see serve/stack.py
         self.settings = ServeSpec.model_validate(settings)
-        self.infer = self._make_infer(delay_s)
-
-    def _make_infer(self, delay_s: float):
-        predictor, batching = self.predictor, self.settings.batching
-        if batching.enabled:
-            from rayline.serve.batching import Batcher
-
-            infer = Batcher(predictor.infer, batching.max_batch_size, batching.wait_timeout_ms / 1000.0)
-        else:
-            from rayline.serve.metrics import observe_batch
-
-            async def infer(x, alone=False):
-                observe_batch(len(x))  # unbatched: every request is its own model call
-                return predictor.infer(x)
-        if not delay_s:
-            return infer
-
-        async def slow(x, alone=False):  # test-only (build_app arg debug_infer_delay_s): a slower model
-            import asyncio
-
-            await asyncio.sleep(delay_s)
-            return await infer(x, alone)
-
-        return slow
 
     def __serve_build_asgi_app__(self):
-        from rayline.serve.http import build_http_app
+        from rayline.serve.stack import build_stack
 
-        s = self.settings
-        from rayline.serve.auth import install_auth
-        from rayline.serve.limits import install_admission_limit
-        from rayline.serve.metrics import install_metrics
-
-        app = build_http_app(self.predictor, self.version, s.max_instances, infer=self.infer,
-                             max_body_bytes=s.max_body_bytes, request_timeout_s=s.request_timeout_s)
-        install_admission_limit(app, s.max_ongoing_requests, s.max_queued_requests, s.retry_after_s)  # innermost
-        install_auth(app, self.api_keys)  # outside the queue: refused callers never wait for a slot
-        install_metrics(app, self.predictor.name, self.version)  # last, so outermost: 401s are counted too
-        self.http_app = app
-        return app
+        self.stack = build_stack(self.predictor, self.version, self.settings, self.api_keys, delay_s=self.delay_s)
+        self.http_app = self.stack.app
+        return self.stack.app
 
     async def call_http(self, method: str, path: str, headers: list | None = None, body: bytes = b"",
                         query: bytes = b""):
@@ -116,7 +83,6 @@ def build_app(args: dict[str, Any]):
     from pydantic import ValidationError
 
     from rayline.spec import ServeSpec
-    from rayline.train.catalog import backend_info, load_backend
 
     settings = {k: v for k, v in args.items() if k not in _APP_ARGS}
     unknown = sorted(set(settings) - set(ServeSpec.model_fields) | ({"route"} & set(settings)))
@@ -128,18 +94,40 @@ def build_app(args: dict[str, Any]):
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ServeError(f"build_app args: {problems}") from None
-    env = {}
-    if args.get("framework"):
-        env = load_backend(args["framework"]).worker_env() if backend_info(args["framework"]) else {}
+    options = deployment_options(spec, args.get("framework"), f"{args['name']}-model")
+    settings = spec.model_dump()
+    if args.get("debug_infer_delay_s"):
+        settings["debug_infer_delay_s"] = float(args["debug_infer_delay_s"])
+    version = _resolved_version(args)
+    from rayline.serve.router import record_version_settings
 
+    record_version_settings(args["name"], version, settings)  # the model's route serves N with N's settings
+    return ModelServer.options(**options).bind(
+        args["name"],
+        version,
+        _workspace_arg(args.get("workspace")),
+        args.get("tracking_uri"),
+        settings,
+    )
+
+
+def deployment_options(spec, framework, name: str) -> dict:
+    """Serve deployment options of a replica serving a model under ServeSpec `spec`: its
+    resources, the framework's worker environment, autoscaling, and Ray's request limits
+    (the version's own replicas and the model's route replicas alike)."""
+    from rayline.train.catalog import backend_info, load_backend
+
+    env = {}
+    if framework:
+        env = load_backend(framework).worker_env() if backend_info(framework) else {}
     replicas, resources = spec.replicas, spec.resources_per_replica
     actor_options: dict[str, Any] = {"num_cpus": resources.cpus}
     if resources.gpus:
         actor_options["num_gpus"] = resources.gpus
     if env:
         actor_options["runtime_env"] = {"env_vars": env}
-    options: dict[str, Any] = {
-        "name": f"{args['name']}-model",
+    return {
+        "name": name,
         "autoscaling_config": {
             "min_replicas": replicas.min,
             "initial_replicas": max(1, replicas.min),
@@ -157,17 +145,9 @@ def build_app(args: dict[str, Any]):
         # request Ray holds back waits only until the app has refused the ones ahead of it.
         "max_ongoing_requests": spec.max_ongoing_requests + max(spec.max_queued_requests, 0) + REFUSAL_HEADROOM,
         "max_queued_requests": -1,
+        # A stopping replica takes no new requests and waits this long for its in-flight ones.
+        "graceful_shutdown_timeout_s": spec.drain_timeout_s,
     }
-    settings = spec.model_dump()
-    if args.get("debug_infer_delay_s"):
-        settings["debug_infer_delay_s"] = float(args["debug_infer_delay_s"])
-    return ModelServer.options(**options).bind(
-        args["name"],
-        _resolved_version(args),
-        _workspace_arg(args.get("workspace")),
-        args.get("tracking_uri"),
-        settings,
-    )
 
 
 def _resolved_version(args: dict) -> str:

@@ -44,17 +44,19 @@ def _rows(items: list[np.ndarray]) -> int:
 class Batcher:
     """`await batcher(x)` -> the model's outputs for x's rows, computed together with others'."""
 
-    def __init__(self, infer: Infer, max_batch_size: int, wait_timeout_s: float):
+    def __init__(self, infer: Infer, max_batch_size: int, wait_timeout_s: float,
+                 on_batch: Callable[[int], None] = observe_batch):
         from ray import serve
 
         self._model = infer
+        self._on_batch = on_batch
         self.max_batch_size = max_batch_size
         self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=wait_timeout_s,
                                     batch_size_fn=_rows)(self._infer_batch)
 
     def _infer(self, x: np.ndarray) -> np.ndarray:
         """One model call, recorded in the batch-size metric (rows per call)."""
-        observe_batch(len(x))
+        self._on_batch(len(x))
         return self._model(x)
 
     async def __call__(self, x: np.ndarray, alone: bool = False) -> np.ndarray:

@@ -86,7 +86,7 @@ def config_for(spec, version: str, *, workspace: Optional[str], tracking_uri: Op
          "import_path": "rayline.serve.app:build_app",
          "args": {**common, "version": version, "framework": spec.model.framework, **settings}},
         {"name": name, "route_prefix": route, "import_path": ROUTER_IMPORT_PATH,
-         "args": {**common, "route": route, "champion": version, "replicas_max": serve_spec.replicas.max}},
+         "args": {**common, "route": route, "champion": version, "framework": spec.model.framework, **settings}},
     ]
     if with_v2:
         from rayline.serve.oip import OIP_APP, OIP_ROUTE
@@ -124,16 +124,22 @@ def write_config(config: dict, path: Optional[str], name: str, version: str) -> 
 
 def build_router_app(args: dict[str, Any]):
     """Serve application builder for the router of a config file (`serve deploy`, RayService):
-    args name, route, champion (a version number), replicas_max, and the registry (workspace,
-    tracking_uri). Building it makes `champion` the version the model's routers send all traffic
+    args name, route, champion (a version number), the registry (workspace, tracking_uri), framework
+    and the serve settings (the keys of the spec's `serve` section but route and canary: the route's
+    replicas hold the champion's model and scale as its versions' do). Building it makes `champion` the version the model's routers send all traffic
     to and moves the MLflow `champion` alias there, as `rayline serve deploy NAME --version N` does:
     a config is declarative, so applying it again resets the split to what it says."""
     import json
     import uuid
 
-    from rayline.serve.router import KV_NAMESPACE, build_router, routing_key
+    from pydantic import ValidationError
 
-    allowed = {"name", "route", "champion", "replicas_max", "workspace", "tracking_uri"}
+    from rayline.serve.router import KV_NAMESPACE, build_router, routing_key
+    from rayline.spec import ServeSpec
+
+    serve_keys = set(ServeSpec.model_fields) - {"route", "canary"}
+    # replicas_max: what configs written before the route held models said (now serve.replicas.max).
+    allowed = {"name", "route", "champion", "replicas_max", "workspace", "tracking_uri", "framework"} | serve_keys
     unknown = sorted(set(args) - allowed)
     missing = [k for k in ("name", "route", "champion") if not args.get(k)]
     if unknown or missing:
@@ -142,6 +148,14 @@ def build_router_app(args: dict[str, Any]):
     name, champion = str(args["name"]), str(args["champion"])
     if not champion.isdigit():
         raise ServeError(f"build_router_app args.champion: a registered version number (got {champion!r})")
+    settings = {k: v for k, v in args.items() if k in serve_keys}
+    if args.get("replicas_max") and "replicas" not in settings:
+        settings["replicas"] = {"max": int(args["replicas_max"])}
+    try:
+        settings = ServeSpec.model_validate(settings).model_dump(exclude={"route", "canary"})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ServeError(f"build_router_app args: {problems}") from None
     from ray.experimental.internal_kv import _internal_kv_get
 
     from rayline.serve.versions import _write_table
@@ -150,11 +164,12 @@ def build_router_app(args: dict[str, Any]):
     old = json.loads(raw) if raw else {}
     table = {"model": name, "route": str(args["route"]), "weights": {champion: 100}, "champion": champion,
              "canary": None, "gate": None, "rollout": uuid.uuid4().hex[:12], "revision": int(old.get("revision") or 0) + 1,
-             "serve": old.get("serve") or {}}
+             "serve": settings}
     _write_table(name, table)  # as `rayline serve deploy` writes it: a new rollout drops an old gate decision
     if args.get("workspace") or args.get("tracking_uri"):
         _record_champion(name, champion, str(args["route"]), args)
-    return build_router(name, int(args.get("replicas_max") or 2))
+    return build_router(name, workspace=args.get("workspace"), tracking_uri=args.get("tracking_uri"),
+                        framework=args.get("framework"), settings=settings)
 
 
 def _record_champion(name: str, champion: str, route: str, args: dict) -> None:

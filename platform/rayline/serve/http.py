@@ -39,8 +39,9 @@ AsyncInfer = Callable[[np.ndarray, bool], Awaitable[np.ndarray]]
 
 def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_000, *,
                    infer: Optional[AsyncInfer] = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                   request_timeout_s: Optional[float] = None) -> FastAPI:
-    """`infer`: awaitable model call (the replica passes its batcher); default: the model directly."""
+                   request_timeout_s: Optional[float] = None, on_rows: Callable[[int], None] = observe_rows) -> FastAPI:
+    """`infer`: awaitable model call (the replica passes its batcher); default: the model directly.
+    `on_rows`: called with the rows of each answered prediction (the version's metrics)."""
     name = predictor.name
     app = FastAPI(
         title=f"rayline model {name}",
@@ -107,7 +108,7 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
             return error_response(504, f"not answered within {request_timeout_s:g}s (serve.request_timeout_s); "
                                        "retry later, or send fewer instances per request")
         # A plain JSONResponse: FastAPI's response_model validation would re-check every prediction.
-        observe_rows(len(rows))
+        on_rows(len(rows))
         return JSONResponse({**result, "model": name, "version": version})
 
     @app.get("/health")

@@ -17,23 +17,36 @@ import math
 
 from starlette.requests import Request
 
-__all__ = ["BodyTooLarge", "read_body", "AdmissionLimit", "install_admission_limit"]
+__all__ = ["BodyTooLarge", "read_body", "AdmissionSlots", "AdmissionLimit", "install_admission_limit"]
+
+
+class AdmissionSlots:
+    """The queue limit's state: at most `max_ongoing` requests running, at most `max_queued`
+    waiting for a slot (-1: no limit). One per replica, shared by every version it serves."""
+
+    def __init__(self, max_ongoing: int, max_queued: int, retry_after_s: int):
+        self.max_queued = max_queued
+        self.retry_after = str(max(0, math.ceil(retry_after_s))).encode()
+        self.semaphore = asyncio.Semaphore(max_ongoing)
+        self.waiting = 0
+        self.body = json.dumps({"detail": f"too many requests: {max_ongoing} running and {max_queued} waiting in this "
+                                          f"replica (serve.max_ongoing_requests, serve.max_queued_requests); "
+                                          f"retry after {self.retry_after.decode()} s"}).encode()
+
+    def full(self) -> bool:
+        return 0 <= self.max_queued <= self.waiting and self.semaphore.locked()
 
 
 class AdmissionLimit:
     """ASGI middleware: at most `max_ongoing` requests in the app, at most `max_queued` waiting
-    for a slot (-1: no limit); beyond that a JSON 429 with Retry-After. GET /health always passes."""
+    for a slot (-1: no limit); beyond that a JSON 429 with Retry-After. GET /health always passes.
+    `slots`: an `AdmissionSlots` shared with other apps (then the three numbers are its own)."""
 
-    def __init__(self, app, max_ongoing: int, max_queued: int, retry_after_s: int, open_paths=("/health",)):
+    def __init__(self, app, max_ongoing: int = 1, max_queued: int = -1, retry_after_s: int = 1, open_paths=("/health",),
+                 slots: "AdmissionSlots | None" = None):
         self.app = app
-        self.max_queued = max_queued
-        self.retry_after = str(max(0, math.ceil(retry_after_s))).encode()
-        self.slots = asyncio.Semaphore(max_ongoing)
-        self.waiting = 0
+        self.slots = slots if slots is not None else AdmissionSlots(max_ongoing, max_queued, retry_after_s)
         self.open = frozenset(open_paths)
-        self.body = json.dumps({"detail": f"too many requests: {max_ongoing} running and {max_queued} waiting in this "
-                                          f"replica (serve.max_ongoing_requests, serve.max_queued_requests); "
-                                          f"retry after {self.retry_after.decode()} s"}).encode()
 
     def _open(self, scope) -> bool:
         root, path = scope.get("root_path", ""), scope["path"]
@@ -44,21 +57,22 @@ class AdmissionLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or self._open(scope):
             return await self.app(scope, receive, send)
-        if 0 <= self.max_queued <= self.waiting and self.slots.locked():
+        slots = self.slots
+        if slots.full():
             await send({"type": "http.response.start", "status": 429, "headers": [
-                (b"content-type", b"application/json"), (b"retry-after", self.retry_after),
-                (b"content-length", str(len(self.body)).encode())]})
-            await send({"type": "http.response.body", "body": self.body})
+                (b"content-type", b"application/json"), (b"retry-after", slots.retry_after),
+                (b"content-length", str(len(slots.body)).encode())]})
+            await send({"type": "http.response.body", "body": slots.body})
             return
-        self.waiting += 1
+        slots.waiting += 1
         try:
-            await self.slots.acquire()
+            await slots.semaphore.acquire()
         finally:
-            self.waiting -= 1
+            slots.waiting -= 1
         try:
             await self.app(scope, receive, send)
         finally:
-            self.slots.release()
+            slots.semaphore.release()
 
 
 def install_admission_limit(app, max_ongoing: int, max_queued: int, retry_after_s: int) -> None:

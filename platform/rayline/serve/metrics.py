@@ -80,6 +80,7 @@ class ModelMetrics:
         # (20 s by default; seen: the series vanished from a live replica's export), so
         # re-set it every second from a daemon thread: ~3 us a second.
         self._info = info
+        self._closed = threading.Event()
         threading.Thread(target=self._keep_info_alive, name="rayline-model-info", daemon=True).start()
         # Tag dicts built once per (endpoint, code): no allocation per request.
         self._tags: dict[tuple[str, int], tuple[dict, dict]] = {}
@@ -88,9 +89,14 @@ class ModelMetrics:
         self.batches_total = 0
 
     def _keep_info_alive(self) -> None:
-        while True:
+        while not self._closed.is_set():
             self._info.set(1)
-            time.sleep(1.0)
+            self._closed.wait(1.0)
+        self._info.set(0)
+
+    def close(self) -> None:
+        """This version left the replica (a route replica switched versions): its info series says 0."""
+        self._closed.set()
 
     def observe_request(self, endpoint: str, code: int, seconds: float) -> None:
         key = (endpoint, code)

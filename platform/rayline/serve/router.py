@@ -1,27 +1,36 @@
-"""The traffic router of one model: `ROUTE/predict` (and every other route under ROUTE) goes to a
+"""The route of one model: `ROUTE/predict` (and every other route under ROUTE) is answered by a
 live version picked by weight; `ROUTE/v/N/...` never comes here (Serve routes the longest
 matching route prefix to version N's own application, see rayline/serve/versions.py).
 
-The router is a raw ASGI app (no FastAPI: it is on every request's path) that forwards the
-request's method, path, headers (API keys too), body and query to the chosen version's
-`ModelServer.call_http` over a deployment handle and returns its status, headers and body
-unchanged, plus `x-rayline-version: N`.
+The route's replicas hold the live versions' models in-process: the champion's, and during a
+canary the canary's too, each in the same request stack as its own replica (serve/stack.py:
+validation, body limit, queue limit, API keys, metrics). A request is picked a version by weight
+and answered by that version's stack in this replica, plus `x-rayline-version: N`. No second hop:
+forwarding every request over a deployment handle to the version's replica cost 1.6 ms at p50 and
+60% of the throughput on the 2-core machine (issue 23), and Ray's gRPC path between replicas
+refused bodies over 4 MB before the version's body limit could answer.
 
 Where the split lives: Ray's internal KV (GCS), key `rayline/routing/NAME`, written by the driver
-(rayline/serve/versions.py) and read by every router replica every `POLL_S`. Not the deployment's
-`user_config`: in Ray 2.60 `serve.run` gives each deployment a fresh random code version unless
-one is set, and setting one (`Deployment.options(version=...)`) is removed from the public API
-(ray/serve/_private/client.py, deployment.py), so a redeploy with a new user_config restarts the
-router's replicas; and even an in-place reconfigure takes a replica out of routing while it is
-UPDATING (deployment_state.get_running_replica_infos keeps RUNNING replicas only) — with one router
-replica that is a window of failed requests. A KV read changes nothing on Serve's side.
+(rayline/serve/versions.py) and read by every route replica every `POLL_S` in a thread of its
+own. A new split whose versions this replica has not loaded is loaded there first (from the
+registry, with the settings version N was deployed with, `rayline/versions/NAME/N`), then switched
+to in one assignment: requests never wait for a model load and never see a half-built table.
+Each replica says which revision it serves under `rayline/routing/NAME/replicas/ID` (and again
+every `ACK_EVERY_S`), so `rayline serve deploy|promote|rollback` return once every replica follows
+the new split. Not the deployment's `user_config`: in Ray 2.60 `serve.run` gives each deployment
+a fresh random code version unless one is set, and setting one (`Deployment.options(version=...)`)
+is removed from the public API (ray/serve/_private/client.py, deployment.py), so a redeploy with
+a new user_config restarts the replicas; and even an in-place reconfigure takes a replica out of
+routing while it is UPDATING (deployment_state.get_running_replica_infos keeps RUNNING replicas
+only) — with one replica that is a window of failed requests. A KV read changes nothing on
+Serve's side.
 
-The metric gate: each replica counts, per version, answered requests, errors (5xx and handle
-failures; a 4xx is the client's fault) and the canary's latencies. Once `min_requests` canary
-requests are in, a canary over `max_error_rate` or `max_p99_ms` loses its traffic at once, and the
-decision goes to the KV (`rayline/routing/NAME/gate`), which every replica (and a restarted one)
-reads and follows. The KV, not a named actor: it is already there on every Ray cluster, survives
-router restarts, needs no actor to keep alive or find, and the driver reads it without a handle.
+The metric gate: each replica counts, per version, answered requests, errors (5xx; a 4xx is the
+client's fault) and the canary's latencies. Once `min_requests` canary requests are in, a canary
+over `max_error_rate` or `max_p99_ms` loses its traffic at once, and the decision goes to the KV
+(`rayline/routing/NAME/gate`), which every replica (and a restarted one) reads and follows. The
+KV, not a named actor: it is already there on every Ray cluster, survives replica restarts, needs
+no actor to keep alive or find, and the driver reads it without a handle.
 """
 
 from __future__ import annotations
@@ -29,19 +38,25 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import logging
 import random
+import threading
 import time
 from typing import Optional
 
 from ray import serve
 
-__all__ = ["RoutingTable", "Router", "build_router", "routing_key", "gate_key", "KV_NAMESPACE", "VERSION_HEADER",
-           "POLL_S", "evaluate_gate", "canary_share_to_champion"]
+__all__ = ["RoutingTable", "Router", "build_router", "routing_key", "gate_key", "ack_prefix", "version_settings_key",
+           "record_version_settings", "KV_NAMESPACE", "VERSION_HEADER", "POLL_S", "ACK_EVERY_S", "evaluate_gate",
+           "canary_share_to_champion"]
 
 KV_NAMESPACE = "rayline"
 VERSION_HEADER = b"x-rayline-version"
 POLL_S = 0.25  # how soon every replica follows a new split: one KV read (~0.3 ms) per replica per poll
 LATENCY_WINDOW = 10_000  # canary latencies kept for the p99 (most recent)
+ACK_EVERY_S = 2.0  # a replica re-says which revision it serves this often: the driver counts fresh ones
+RETRY_LOAD_S = 5.0  # a version that failed to load is tried again after this long, not every poll
+log = logging.getLogger("ray.serve")
 
 
 def routing_key(name: str) -> bytes:
@@ -50,6 +65,26 @@ def routing_key(name: str) -> bytes:
 
 def gate_key(name: str) -> bytes:
     return f"rayline/routing/{name}/gate".encode()
+
+
+def ack_prefix(name: str) -> bytes:
+    """Keys `PREFIX + replica id`: {"revision", "versions", "error", "at"} of each route replica."""
+    return f"rayline/routing/{name}/replicas/".encode()
+
+
+def version_settings_key(name: str, version: str) -> bytes:
+    return f"rayline/versions/{name}/{version}".encode()
+
+
+def record_version_settings(name: str, version: str, settings: dict) -> None:
+    """The serve settings version `version` of `name` is deployed with (written where its
+    application is built), so the model's route serves it with the same ones."""
+    from ray.experimental.internal_kv import _internal_kv_initialized, _internal_kv_put
+
+    if not _internal_kv_initialized():  # built outside a Ray job (a config check): nothing serves it here
+        return
+    _internal_kv_put(version_settings_key(name, str(version)), json.dumps(settings).encode(), overwrite=True,
+                     namespace=KV_NAMESPACE)
 
 
 class RoutingTable:
@@ -117,21 +152,71 @@ def _json(status: int, payload: dict, extra=()) -> tuple[int, list, bytes]:
     return status, [(b"content-type", b"application/json"), *extra], json.dumps(payload).encode()
 
 
-@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.05})
+async def _answer(send, status: int, headers: list, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _Routes:
+    """What requests are picked from: versions, cumulative weights and each version's stack.
+    Immutable once built; the replica swaps the whole object when the split changes."""
+
+    __slots__ = ("table", "tripped", "versions", "cumulative", "stacks")
+
+    def __init__(self, table: RoutingTable, tripped: Optional[dict], stacks: dict):
+        self.table, self.tripped, self.stacks = table, tripped, stacks
+        weights = {v: w for v, w in table.effective(tripped).items() if v in stacks}
+        self.versions = list(weights)
+        total, self.cumulative = 0, []
+        for v in self.versions:
+            total += weights[v]
+            self.cumulative.append(total)
+
+    def pick(self) -> Optional[str]:
+        if not self.versions:
+            return None
+        if len(self.versions) == 1:
+            return self.versions[0]
+        return self.versions[bisect.bisect_right(self.cumulative, random.random() * self.cumulative[-1])]
+
+
+@serve.deployment(max_ongoing_requests=256, health_check_period_s=10)
 @serve.ingress()
 class Router:
-    """Ingress of application NAME: forwards each request to a version picked by weight."""
+    """Ingress of application NAME: answers each request with a live version picked by weight,
+    from that version's model held in this replica."""
 
-    def __init__(self, name: str):
-        self.name = name
-        self.table = RoutingTable({})
-        self.tripped: Optional[dict] = None
-        self.handles: dict = {}
+    def __init__(self, name: str, workspace: Optional[str] = None, tracking_uri: Optional[str] = None,
+                 settings: Optional[dict] = None):
+        from rayline.serve.auth import load_api_keys
+        from rayline.serve.limits import AdmissionSlots
+        from rayline.spec import ServeSpec
+
+        self.name, self.workspace, self.tracking_uri = name, workspace, tracking_uri
+        settings = dict(settings or {})
+        # Keys read here, on the replica (serve/auth.py says why); first, so missing keys fail fast.
+        self.api_keys = load_api_keys(settings["auth"]) if settings.get("auth") else None
+        self.settings = ServeSpec.model_validate({k: v for k, v in settings.items() if k in ServeSpec.model_fields})
+        s = self.settings
+        self.slots = AdmissionSlots(s.max_ongoing_requests, s.max_queued_requests, s.retry_after_s)  # one per replica
         self.stats: dict[str, _Stats] = {}
-        self._cumulative: list[int] = []
-        self._versions: list[str] = []
-        self._load()  # first table before the first request
-        self._poller = None
+        self.stacks: dict = {}  # version -> VersionStack, loaded in this replica
+        self.failed: dict[str, tuple[float, str]] = {}  # version -> (when, why) its load last failed
+        self.routes = _Routes(RoutingTable({}), None, {})
+        self.error: Optional[str] = None
+        try:
+            from ray.serve import get_replica_context
+
+            self.replica_id = get_replica_context().replica_id.unique_id
+        except Exception:  # noqa: BLE001 - outside Serve (unit tests): any unique name will do
+            import uuid
+
+            self.replica_id = uuid.uuid4().hex[:8]
+        self._last_ack = 0.0
+        self._sync(self._read_kv())  # the first split's models before the first request
+        self._stop = threading.Event()
+        threading.Thread(target=self._follow, name=f"rayline-route-{name}", daemon=True).start()
 
     # ---------------------------------------------------------------- the table
 
@@ -142,49 +227,95 @@ class Router:
         gate = _internal_kv_get(gate_key(self.name), namespace=KV_NAMESPACE)
         return table, gate
 
-    def _load(self, raw=None) -> None:
-        table_raw, gate_raw = raw if raw is not None else self._read_kv()
-        if table_raw is None:
-            return
-        data = json.loads(table_raw)
-        if int(data.get("revision") or 0) != self.table.revision or not self.table.data:
-            table = RoutingTable(data)
-            if table.rollout != self.table.rollout or table.canary != self.table.canary:
-                self.stats = {}  # a new rollout is judged on its own requests
-            self.table = table
-        tripped = json.loads(gate_raw) if gate_raw else None
-        self.tripped = tripped if tripped and tripped.get("rollout") == self.table.rollout else None
-        self._apply()
-
-    def _apply(self) -> None:
-        weights = self.table.effective(self.tripped)
-        for v in weights:
-            if v not in self.handles:
-                # _check_exists=False: a router may start before the versions its table names (a
-                # Serve config deploys every app at once; `deploy` starts the router early); calls
-                # then wait for the version's replicas instead of failing this replica's start.
-                self.handles[v] = serve.get_deployment_handle(f"{self.name}-model", f"{self.name}-v{v}",
-                                                              _check_exists=False)
-        self._versions = list(weights)
-        total, self._cumulative = 0, []
-        for v in self._versions:
-            total += weights[v]
-            self._cumulative.append(total)
-
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(POLL_S)
+    def _follow(self) -> None:
+        """The replica's thread: read the KV every POLL_S and follow it."""
+        while not self._stop.wait(POLL_S):
             try:
-                self._load(await asyncio.to_thread(self._read_kv))
-            except Exception:  # noqa: BLE001 - a bad read keeps the last good table
-                pass
+                self._sync(self._read_kv())
+            except Exception as exc:  # noqa: BLE001 - a bad read keeps the last good table
+                log.warning("rayline route %s: reading the split failed: %s", self.name, exc)
 
-    def _pick(self) -> Optional[str]:
-        if not self._versions:
-            return None
-        if len(self._versions) == 1:
-            return self._versions[0]
-        return self._versions[bisect.bisect_right(self._cumulative, random.random() * self._cumulative[-1])]
+    def _sync(self, raw) -> None:
+        table_raw, gate_raw = raw
+        current = self.routes
+        table = current.table
+        if table_raw is not None:
+            data = json.loads(table_raw)
+            if int(data.get("revision") or 0) != table.revision or not table.data:
+                table = RoutingTable(data)
+        tripped = json.loads(gate_raw) if gate_raw else None
+        tripped = tripped if tripped and tripped.get("rollout") == table.rollout else None
+        if tripped is None and current.tripped and current.tripped.get("rollout") == table.rollout:
+            tripped = current.tripped  # this replica's own trip, not in the KV yet
+        if table is not current.table or (tripped or None) != (current.tripped or None):
+            wanted = list(table.effective(tripped))
+            self._load(wanted)
+            missing = [v for v in wanted if v not in self.stacks]
+            self.error = "; ".join(f"version {v}: {self.failed[v][1]}" for v in missing if v in self.failed) or None
+            if not missing:
+                if table.rollout != current.table.rollout or table.canary != current.table.canary:
+                    self.stats = {}  # a new rollout is judged on its own requests
+                self.routes = _Routes(table, tripped, dict(self.stacks))  # one assignment: requests see old or new
+                self._drop(set(wanted))
+                self._ack(force=True)
+                return
+        self._ack()
+
+    def _load(self, versions: list) -> None:
+        """Load each version in `versions` not held yet (a failure is retried after RETRY_LOAD_S)."""
+        for version in versions:
+            if version in self.stacks:
+                continue
+            failed = self.failed.get(version)
+            if failed and time.monotonic() - failed[0] < RETRY_LOAD_S:
+                continue
+            try:
+                self.stacks[version] = self._build(version)
+                self.failed.pop(version, None)
+            except Exception as exc:  # noqa: BLE001 - keep serving what is loaded; say why in the ack
+                why = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                self.failed[version] = (time.monotonic(), why)
+                log.warning("rayline route %s: loading version %s failed: %s", self.name, version, why)
+
+    def _build(self, version: str):
+        """Version `version`'s request stack, with the settings it was deployed with."""
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        from rayline.model import Predictor
+        from rayline.registry import Registry
+        from rayline.serve.stack import build_stack
+        from rayline.spec import ServeSpec
+        from rayline.workspace import workspace as make_workspace
+
+        raw = _internal_kv_get(version_settings_key(self.name, version), namespace=KV_NAMESPACE)
+        settings = json.loads(raw) if raw else self.settings.model_dump()
+        delay_s = float(settings.pop("debug_infer_delay_s", 0.0) or 0.0)  # test-only, see serve/stack.py
+        spec = ServeSpec.model_validate(settings)
+        registry = Registry(make_workspace(self.workspace, self.tracking_uri))
+        mv = registry.resolve(self.name, version)
+        predictor = Predictor(registry.download(mv), version=mv.version)
+        return build_stack(predictor, mv.version, spec, self.api_keys, delay_s=delay_s, slots=self.slots)
+
+    def _drop(self, keep: set) -> None:
+        for version in [v for v in self.stacks if v not in keep]:
+            self.stacks.pop(version).close()
+
+    def _ack(self, force: bool = False) -> None:
+        now = time.time()
+        if not force and now - self._last_ack < ACK_EVERY_S:
+            return
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        routes = self.routes
+        ack = {"revision": routes.table.revision, "versions": routes.versions, "error": self.error, "at": now}
+        _internal_kv_put(ack_prefix(self.name) + self.replica_id.encode(), json.dumps(ack).encode(), overwrite=True,
+                         namespace=KV_NAMESPACE)
+        self._last_ack = now
+
+    def __del__(self):
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
 
     # ---------------------------------------------------------------- the gate
 
@@ -194,14 +325,15 @@ class Router:
             stats = self.stats[version] = _Stats()
         stats.requests += 1
         stats.errors += failed
-        if version != self.table.canary or self.tripped:
+        routes = self.routes
+        if version != routes.table.canary or routes.tripped:
             return
         lat = stats.latencies_ms
         lat.append(ms)
         if len(lat) > LATENCY_WINDOW:
             del lat[: len(lat) - LATENCY_WINDOW]
         n = stats.requests
-        gate = self.table.gate
+        gate = routes.table.gate
         # Checked at every canary request up to 1000 (a sort of <= 1000 floats, ~0.1 ms), then every 50th.
         if gate and n >= int(gate.get("min_requests") or 1) and (n <= 1000 or n % 50 == 0):
             broke = evaluate_gate(gate, n, stats.errors, lat)
@@ -209,11 +341,12 @@ class Router:
                 self._trip(version, *broke, n, stats.errors)
 
     def _trip(self, version: str, limit: str, detail: str, requests: int, errors: int) -> None:
-        decision = {"rollout": self.table.rollout, "version": version, "limit": limit, "detail": detail,
+        routes = self.routes
+        decision = {"rollout": routes.table.rollout, "version": version, "limit": limit, "detail": detail,
                     "requests": requests, "errors": errors,
                     "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        self.tripped = decision
-        self._apply()  # this replica at once; the others within POLL_S, from the KV
+        # This replica at once (the champion is loaded: it had traffic); the others within POLL_S, from the KV.
+        self.routes = _Routes(routes.table, decision, routes.stacks)
 
         def put():
             from ray.experimental.internal_kv import _internal_kv_put
@@ -226,79 +359,82 @@ class Router:
     # ---------------------------------------------------------------- requests
 
     def routing(self) -> dict:
-        return {"model": self.name, "revision": self.table.revision, "weights": self.table.weights,
-                "effective_weights": self.table.effective(self.tripped), "champion": self.table.champion,
-                "canary": self.table.canary, "gate": self.table.gate, "rollout": self.table.rollout,
-                "tripped": self.tripped, "stats": {v: s.as_dict() for v, s in self.stats.items()}}
+        routes = self.routes
+        table = routes.table
+        return {"model": self.name, "revision": table.revision, "weights": table.weights,
+                "effective_weights": table.effective(routes.tripped), "champion": table.champion,
+                "canary": table.canary, "gate": table.gate, "rollout": table.rollout, "tripped": routes.tripped,
+                "loaded": sorted(self.stacks, key=int), "error": self.error,
+                "stats": {v: s.as_dict() for v, s in self.stats.items()}}
 
-    async def forward(self, method: str, path: str, headers, body: bytes, query: bytes):
-        """(status, headers, body) of `path` on a version picked by weight."""
-        from rayline.serve.asgi_call import HttpResult
-
-        if self._poller is None:  # first request: the table may have changed since __init__
-            self._poller = asyncio.get_running_loop().create_task(self._poll())
-            self._load(await asyncio.to_thread(self._read_kv))
+    async def _route(self, scope, receive, send) -> None:
+        path, root = scope["path"], scope.get("root_path") or ""
+        if root and path.startswith(root):
+            path = path[len(root):] or "/"
+        routes = self.routes
         if path.startswith("/v/"):  # a version with no application of its own (any live one has a longer route)
             wanted = path.split("/")[2]
-            live = ", ".join(sorted(self.table.weights, key=int)) or "none"
-            return HttpResult(*_json(404, {"detail": f"version {wanted} of model {self.name} is not deployed "
-                                                     f"(got {wanted}; allowed: {live})"}))
+            live = ", ".join(sorted(routes.table.weights, key=int)) or "none"
+            return await _answer(send, *_json(404, {"detail": f"version {wanted} of model {self.name} is not deployed "
+                                                              f"(got {wanted}; allowed: {live})"}))
         if path == "/-/routing":
-            return HttpResult(*_json(200, self.routing()))
-        version = self._pick()
+            return await _answer(send, *_json(200, self.routing()))
+        version = routes.pick()
         if version is None:
-            return HttpResult(*_json(503, {"detail": f"model {self.name}: no version is deployed yet"}))
+            return await _answer(send, *_json(503, {"detail": f"model {self.name}: no version is deployed yet"},
+                                              [(b"retry-after", b"1")]))
+        header = (VERSION_HEADER, version.encode())
+        status = 500
+
+        async def send_named(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+
         started = time.perf_counter()
         try:
-            result = await self.handles[version].call_http.remote(method, path, list(headers), body, query)
-        except Exception as exc:  # noqa: BLE001 - the version's replica died or timed out: a 503, counted
-            self._record(version, True, (time.perf_counter() - started) * 1000)
-            return HttpResult(*_json(503, {"detail": f"model {self.name} version {version} did not answer "
-                                                     f"({type(exc).__name__}); retry"},
-                                     [(VERSION_HEADER, version.encode())]))
-        self._record(version, result.status >= 500, (time.perf_counter() - started) * 1000)
-        return HttpResult(result.status, [*result.headers, (VERSION_HEADER, version.encode())], result.body)
+            await routes.stacks[version].app(scope, receive, send_named)
+        finally:
+            self._record(version, status >= 500, (time.perf_counter() - started) * 1000)
 
     async def call_http(self, method: str, path: str, headers: list | None = None, body: bytes = b"",
                         query: bytes = b""):
         """Same contract as ModelServer.call_http, on the split: a `HttpResult` from the version picked."""
-        return await self.forward(method, path, [(bytes(k).lower(), bytes(v)) for k, v in headers or ()], body, query)
+        from rayline.serve.asgi_call import call_asgi
 
-    def __serve_build_asgi_app__(self):
-        async def app(scope, receive, send):
-            if scope["type"] == "lifespan":
-                while True:
-                    message = await receive()
-                    if message["type"] == "lifespan.startup":
-                        await send({"type": "lifespan.startup.complete"})
-                    elif message["type"] == "lifespan.shutdown":
-                        await send({"type": "lifespan.shutdown.complete"})
-                        return
-            if scope["type"] != "http":
-                return
-            chunks = []
+        return await call_asgi(self._asgi, method, path, headers=headers or (), body=body, query=query)
+
+    async def _asgi(self, scope, receive, send):
+        if scope["type"] == "lifespan":
             while True:
                 message = await receive()
-                if message["type"] == "http.disconnect":
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
                     return
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body"):
-                    break
-            path, root = scope["path"], scope.get("root_path") or ""
-            if root and path.startswith(root):
-                path = path[len(root):] or "/"
-            status, headers, body = await self.forward(scope["method"], path, scope.get("headers") or [],
-                                                       b"".join(chunks), scope.get("query_string") or b"")
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+        if scope["type"] != "http":
+            return
+        await self._route(scope, receive, send)
+
+    def __serve_build_asgi_app__(self):
+        async def app(scope, receive, send):  # a plain function: uvicorn took the bound method for ASGI2
+            await self._asgi(scope, receive, send)
 
         return app
 
 
-def build_router(name: str, replicas_max: int = 2):
-    """The router deployment of model `name` (bind it as application NAME at the model's route)."""
-    return Router.options(
-        name=f"{name}-router",
-        autoscaling_config={"min_replicas": 1, "initial_replicas": 1, "max_replicas": max(1, replicas_max),
-                            "target_ongoing_requests": 32},
-    ).bind(name)
+def build_router(name: str, *, workspace: Optional[str] = None, tracking_uri: Optional[str] = None,
+                 framework: Optional[str] = None, settings: Optional[dict] = None):
+    """The route deployment of model `name` (bind it as application NAME at the model's route):
+    its replicas reserve what the versions' replicas do and autoscale as the spec says, since
+    every request to the route is answered in them."""
+    from rayline.serve.app import _workspace_arg, deployment_options
+    from rayline.spec import ServeSpec
+
+    settings = {k: v for k, v in (settings or {}).items() if k in ServeSpec.model_fields and k not in ("route", "canary")}
+    spec = ServeSpec.model_validate(settings)
+    options = deployment_options(spec, framework, f"{name}-router")
+    return Router.options(**options).bind(name, _workspace_arg(workspace), tracking_uri, spec.model_dump(exclude={"route", "canary"}))

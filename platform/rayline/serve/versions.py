@@ -199,7 +199,12 @@ def _delete(apps: list) -> None:
             pass
 
 
-def _start_early(name: str, route: str, replicas_max: int, apps: dict, created: list) -> list[str]:
+def _router_args(ws, framework: Optional[str], settings: dict) -> dict:
+    return {"workspace": str(ws.root), "tracking_uri": ws.tracking_uri_override, "framework": framework or None,
+            "settings": settings}
+
+
+def _start_early(name: str, route: str, router_args: dict, apps: dict, created: list) -> list[str]:
     """Start the model's router (when it has none yet) and the Open Inference Protocol app (/v2,
     one for every model on this Serve) without waiting for them, so that their replicas start
     while the version's loads: one after another, the three took 13 s of a 2-core run's deploy.
@@ -214,7 +219,8 @@ def _start_early(name: str, route: str, replicas_max: int, apps: dict, created: 
         from ray.experimental.internal_kv import _internal_kv_del
 
         _internal_kv_del(routing_key(name), namespace=KV_NAMESPACE)  # a deleted router's old split
-        targets.append(serve.RunTarget(build_router(name, replicas_max), name=name, route_prefix=route))
+        _forget_replicas(name)
+        targets.append(serve.RunTarget(build_router(name, **router_args), name=name, route_prefix=route))
     oip = apps.get(OIP_APP)
     if oip is None or _status_text(oip) in ("DEPLOY_FAILED", "DELETING"):
         targets.append(serve.RunTarget(build_oip(), name=OIP_APP, route_prefix=OIP_ROUTE))
@@ -249,7 +255,7 @@ def _wait_running(names: list, timeout_s: float = 120.0) -> None:
             time.sleep(0.2)
 
 
-def _start_router(name: str, route: str, replicas_max: int, apps: dict, created: list) -> None:
+def _start_router(name: str, route: str, router_args: dict, apps: dict, created: list) -> None:
     if _router_running(name, apps):
         return
     from ray import serve
@@ -257,15 +263,64 @@ def _start_router(name: str, route: str, replicas_max: int, apps: dict, created:
     from rayline.serve.router import build_router
 
     created.append(name)
-    serve.run(build_router(name, replicas_max), name=name, route_prefix=route, blocking=False)
+    _forget_replicas(name)
+    serve.run(build_router(name, **router_args), name=name, route_prefix=route, blocking=False)
 
 
-def _settle(table: dict) -> None:
-    """Every router replica reads the table within POLL_S; wait that long (and a margin) so the
-    command returns once the new split is what callers get."""
-    from rayline.serve.router import POLL_S
+def _forget_replicas(name: str) -> None:
+    """Drop the acks of a deleted route's replicas: a new route's replicas say their own."""
+    from ray.experimental.internal_kv import _internal_kv_del
 
-    time.sleep(POLL_S * 2 + 0.1)
+    from rayline.serve.router import KV_NAMESPACE, ack_prefix
+
+    _internal_kv_del(ack_prefix(name), del_by_prefix=True, namespace=KV_NAMESPACE)
+
+
+def _replica_acks(name: str) -> list[dict]:
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+
+    from rayline.serve.router import KV_NAMESPACE, ack_prefix
+
+    acks = []
+    for key in _internal_kv_list(ack_prefix(name), namespace=KV_NAMESPACE):
+        raw = _internal_kv_get(key, namespace=KV_NAMESPACE)
+        if raw:
+            acks.append(json.loads(raw))
+    return acks
+
+
+def _running_route_replicas(name: str) -> int:
+    app = _apps().get(name)
+    deployment = app.deployments.get(f"{name}-router") if app is not None else None
+    if deployment is None:
+        return 0
+    states = getattr(deployment, "replica_states", None) or {}
+    return int(sum(n for state, n in states.items() if str(getattr(state, "value", state)) == "RUNNING"))
+
+
+def _settle(table: dict, timeout_s: float = 120.0) -> None:
+    """Until every running replica of the model's route serves the table's revision (each loads
+    the versions it names first, then switches; replicas/ID acks in the KV, router.py), so the
+    command returns once the new split is what callers get. A replica that cannot load a version
+    is a ServeError naming it; the replicas keep serving the split they had."""
+    from rayline.serve.router import ACK_EVERY_S, POLL_S
+
+    name, revision = table["model"], int(table["revision"])
+    deadline = time.monotonic() + timeout_s
+    time.sleep(POLL_S)
+    while True:
+        fresh = [a for a in _replica_acks(name) if time.time() - float(a.get("at") or 0) < ACK_EVERY_S * 3]
+        behind = [a for a in fresh if int(a.get("revision") or 0) < revision]
+        failed = [a["error"] for a in behind if a.get("error")]
+        if failed:
+            raise ServeError(f"model {name}: the route's replicas cannot load the new split ({failed[0]}); they keep "
+                             f"serving the previous one")
+        if len(fresh) - len(behind) >= max(1, _running_route_replicas(name)):
+            return
+        if time.monotonic() > deadline:
+            raise ServeError(f"model {name}: the route's replicas do not serve revision {revision} after {timeout_s:g} s "
+                             f"({len(behind)} still behind)")
+        time.sleep(POLL_S / 2)
 
 
 def _history(registry, name: str) -> list:
@@ -338,7 +393,8 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
             raise ServeError(f"model {name}: version {version} is the champion already (got --version {version} --canary "
                              f"{percent}; allowed: another version)")
     address = _ensure_serve(host, port)
-    early = _start_early(name, route, serve_spec.replicas.max, apps, created)
+    router_args = _router_args(ws, mv.framework, settings)
+    early = _start_early(name, route, router_args, apps, created)
     _start_version(name, version, route, settings, ws, mv.framework, created)
     if percent:
         _start_version(name, champion, route, settings, ws, mv.framework, created)  # a champion whose app was removed
@@ -362,7 +418,7 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
              "revision": int((table or {}).get("revision") or 0) + 1, "serve": settings}
     _write_table(name, table)
     if name not in early:
-        _start_router(name, route, serve_spec.replicas.max, _apps(), created)
+        _start_router(name, route, router_args, _apps(), created)
     _wait_running(early)
     _settle(table)
     url = address.url(route, host)
