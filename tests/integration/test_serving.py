@@ -4,7 +4,8 @@
   rows (compared with offline predictions), and a bad request in a batch fails alone;
 - errors are JSON and never echo the request: overflow -> 422 naming the feature, too many
   instances -> 422 without the rows, body too large -> 413, too slow -> 504, queue full -> 429
-  with Retry-After;
+  with Retry-After, each on the printed route and on the version's own route; a body just over
+  4 MB (under serve.max_body_bytes) is answered 200 on both;
 - autoscaling: replicas rise to max under load and fall back to min;
 - fuzzing: schemathesis against the endpoint's own /openapi.json, zero 5xx.
 
@@ -225,11 +226,52 @@ def test_openapi_documents_float32_bounds(endpoint, features):
     assert prop["maximum"] == 3.4028234663852886e38 and prop["minimum"] == -3.4028234663852886e38
 
 
+def test_a_body_just_over_4_mb_is_answered_on_the_printed_route_and_the_version_route(endpoint, digits, features):
+    """Ray's gRPC path between replicas refuses messages over 4 MB: the printed route once forwarded
+    bodies over it and answered 503 for a legitimate request under serve.max_body_bytes (10 MB)."""
+    rng = np.random.default_rng(1)
+    n = 3_500
+    instances = (rng.random((n, len(features))) * 16).tolist()  # value arrays, ~17 digits a value
+    body = json.dumps({"instances": instances}).encode()
+    assert 4 * 1024 * 1024 < len(body) < 10 * 1024 * 1024, len(body)
+    for url in (endpoint, f"{endpoint}/v/{digits.version}"):
+        response = httpx.post(f"{url}/predict", content=body, headers={"content-type": "application/json"}, timeout=120)
+        assert response.status_code == 200, (url, response.status_code, response.text[:300])
+        assert len(response.json()["predictions"]) == n
+        assert response.json()["version"] == str(digits.version)
+
+
+LIMITS = {"batching": {"enabled": False}, "request_timeout_s": 0.3, "max_ongoing_requests": 1, "max_queued_requests": 1,
+          "retry_after_s": 2, "max_body_bytes": 8192, "max_instances": 5}
+
+
 @pytest.fixture(scope="module")
-def slow(digits, ws):
-    """A deliberately slow endpoint (0.6 s per model call) with tight limits."""
-    return _deploy("digits-limits", digits, ws, debug_infer_delay_s=0.6, batching=False, request_timeout_s=0.3,
-                   max_ongoing_requests=1, max_queued_requests=1, retry_after_s=2, max_body_bytes=8192, max_instances=5)
+def slow_routes(digits, ws):
+    """A deliberately slow model (0.6 s per model call) with tight limits, deployed the way `rayline run`
+    deploys (the model's route and its version's route, rayline.serve.versions.deploy) under a model name
+    of its own: a copy of the digits version. The slowness is build_app's test-only debug_infer_delay_s on
+    the version's application, started first; the route serves the version with the settings it was
+    deployed with, so both routes are slow alike. Returns both URLs."""
+    from rayline.registry import DEPLOYMENTS_TAG, Registry
+    from rayline.serve import versions
+    from rayline.spec import ServeSpec
+
+    name = "digitslimits"
+    client = Registry(ws).client
+    mv = client.get_model_version("digits", digits.version)
+    if not client.search_registered_models(f"name='{name}'"):
+        client.create_registered_model(name)
+    tags = {k: v for k, v in mv.tags.items() if k != DEPLOYMENTS_TAG}
+    version = str(client.create_model_version(name, mv.source, mv.run_id, tags=tags).version)
+    deploy_registered(f"{name}-v{version}", digits, ws, route=f"/{name}/v/{version}", name=name, version=version,
+                      debug_infer_delay_s=0.6, **LIMITS)
+    rollout = versions.deploy(name, version, ws=ws, serve_spec=ServeSpec(route=f"/{name}", **LIMITS), port=PORT)
+    return [rollout.url, f"{rollout.url}/v/{version}"]
+
+
+@pytest.fixture(scope="module", params=["printed route", "version route"])
+def slow(request, slow_routes):
+    return slow_routes[0 if request.param == "printed route" else 1]
 
 
 def test_body_too_large_is_413_before_parsing(slow, rows):
