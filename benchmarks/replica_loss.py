@@ -1,21 +1,23 @@
-"""Replica loss at saturation: SIGKILL one of the route's two replicas while `hey` drives the printed
-route at its measured maximum rate, then again while `rayline.Client`s (with their retries) drive it.
+"""Replica loss at saturation: SIGKILL one of the route's two replicas while `wrk` drives the printed
+route at its maximum rate, then again while `rayline.Client`s (with their retries) drive it.
 
     python benchmarks/replica_loss.py [--seconds 40] [--kill-at 10] [--workspace W]
 
 1. A registered digits model served by `rayline run pipelines/digits-torch.yaml` on a local head
    (`rayline cluster up`, temporary workspace under benchmarks/), the route with exactly two
    replicas (`--set serve.replicas.min=2 --set serve.replicas.max=2`).
-2. Saturation: `hey` at concurrency 32 for a few seconds gives the route's maximum request rate.
-3. Without retries: `hey` at that rate (-q per worker) for `--seconds`; at `--kill-at` one route
-   replica process (`ray::ServeReplica:digits:digits-router`) gets SIGKILL. Reported: requests,
-   non-2xx (and hey's transport errors), the share of 2xx, p99 before the kill and during recovery
-   (from the kill until Serve reports two RUNNING replicas again), and that recovery time.
-4. With retries: 8 threads of `rayline.Client.predict` (max_retries 5) for `--seconds`, the other
+2. Without retries: `wrk` closed loop at 32 connections (saturation: its rate is the route's
+   maximum) for `--seconds`, in 2-second runs each counting every request it sent: answers by
+   status and connect/read/write errors and timeouts (hey's CSV leaves out requests that got no
+   answer at all, so it cannot count them). At `--kill-at` one route replica process
+   (`ray::ServeReplica:digits:digits-router`) gets SIGKILL. Reported: requests, failures by kind,
+   the share answered 2xx, p99 before the kill and during recovery (the worst 2-second run from
+   the kill until Serve reports two RUNNING replicas again), and that recovery time.
+3. With retries: 8 threads of `rayline.Client.predict` (max_retries 5) for `--seconds`, the other
    replica killed at `--kill-at`: every call must succeed.
 Targets: >= 99.9% 2xx without client retries, 100% with them, replica back within 60 s.
 Exit code: 0 when every target is met, 1 when one is missed, 2 on a setup failure.
-Needs `hey` (Debian: apt-get install hey).
+Needs `wrk` (Debian: apt-get install wrk).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import HeyClient, format_table, machine_info, wait_http  # noqa: E402
+from harness import format_table, machine_info, wait_http  # noqa: E402
 from serving import REPO, SPEC, _head_temp_dir, _rayline, _stop_strays, _teardown_cluster  # noqa: E402
 
 MODEL, ROUTE = "digits", "/digits"
@@ -87,35 +89,66 @@ def _kill_one_and_time_recovery(before: list[int], timeline: dict) -> None:
         time.sleep(0.2)
 
 
-def _hey_phase(url: str, body: bytes, rate: float, args) -> dict:
-    """hey at `rate` requests/s (32 workers, -q each) for args.seconds; one replica killed at args.kill_at."""
-    workers = 32
-    per_worker = max(1.0, rate / workers)
-    with tempfile.NamedTemporaryFile(suffix=".json") as fh:
-        fh.write(body)
+_WRK_SCRIPT = """wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = [==[%s]==]
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %%d %%d %%d %%d %%d %%d %%.3f\\n", summary.requests, e.connect, e.read, e.write,
+    e.status, e.timeout, latency:percentile(99) / 1000))
+end
+"""
+
+
+def _wrk_segment(url: str, script: str, seconds: float) -> dict:
+    """One closed-loop wrk run (32 connections, 2 threads): requests, failures by kind, p99 (ms)."""
+    proc = subprocess.run([shutil.which("wrk"), "-t2", "-c32", f"-d{seconds:g}s", "--timeout", "30s", "-s", script, url],
+                          capture_output=True, text=True, timeout=seconds + 60)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"wrk gave no result: {proc.stdout[-500:]} {proc.stderr[-500:]}")
+    requests, connect, read, write, status, timeout, p99 = line.split()[1:]
+    return {"requests": int(requests), "failed": int(connect) + int(read) + int(write) + int(status) + int(timeout),
+            "by_kind": {"connect": int(connect), "read": int(read), "write": int(write), "non_2xx_3xx": int(status),
+                        "timeout": int(timeout)}, "p99_ms": float(p99)}
+
+
+def _wrk_phase(url: str, body: bytes, args) -> dict:
+    """wrk at saturation (closed loop, 32 connections) for args.seconds in 2-second segments, each
+    counting every request wrk sent (answers of any status, and connect/read/write errors and
+    timeouts); one replica killed at args.kill_at. p99 during recovery: the worst segment between
+    the kill and the replica's return."""
+    segment_s = 2.0
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as fh:
+        fh.write(_WRK_SCRIPT % body.decode())
         fh.flush()
-        cmd = [shutil.which("hey"), "-c", str(workers), "-q", f"{per_worker:.1f}", "-z", f"{args.seconds:g}s", "-m", "POST",
-               "-T", "application/json", "-D", fh.name, "-t", "30", "-o", "csv", url]
-        started = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         timeline: dict = {}
-        time.sleep(args.kill_at)
-        killer = threading.Thread(target=_kill_one_and_time_recovery, args=(_replica_pids(), timeline))
-        killer.start()
-        out, _ = proc.communicate(timeout=args.seconds + 120)
-        killer.join()
-    rows = [line.split(",") for line in out.splitlines()[1:] if line.count(",") >= 7]
-    # hey's offset column: seconds from its start to the request's start
-    sent = [(started + float(r[7]), float(r[0]) * 1000, r[6]) for r in rows]
-    ok = [s for s in sent if s[2].startswith("2")]
-    failed = len(sent) - len(ok)  # hey writes a request that got no answer with status 0
+        killer = None
+        segments = []
+        started = time.monotonic()
+        while time.monotonic() - started < args.seconds:
+            if killer is None and time.monotonic() - started >= args.kill_at:
+                killer = threading.Thread(target=_kill_one_and_time_recovery, args=(_replica_pids(), timeline))
+                killer.start()
+                time.sleep(0.3)  # the kill lands inside this segment
+            t0 = time.monotonic()
+            segments.append((t0, time.monotonic() + segment_s, _wrk_segment(url, fh.name, segment_s)))
+        if killer is not None:
+            killer.join()
+    requests = sum(s["requests"] for *_, s in segments)
+    failed = sum(s["failed"] for *_, s in segments)
+    by_kind: dict = {}
+    for *_, s in segments:
+        for k, v in s["by_kind"].items():
+            by_kind[k] = by_kind.get(k, 0) + v
     killed, back = timeline.get("killed_at"), timeline.get("back_at")
-    before = [ms for t, ms, _ in ok if killed and t < killed]
-    during = [ms for t, ms, _ in ok if killed and back and killed <= t <= back]
-    return {"requests": len(sent), "non_2xx": failed, "ok_share": len(ok) / max(1, len(sent)), "rate": rate,
-            "codes": sorted({s[2] for s in sent}),
-            "p99_before_ms": float(np.percentile(before, 99)) if before else float("nan"),
-            "p99_recovery_ms": float(np.percentile(during, 99)) if during else float("nan"),
+    before = [s["p99_ms"] for t0, _, s in segments if killed and t0 + segment_s < killed]
+    during = [s["p99_ms"] for t0, t1, s in segments if killed and back and t1 >= killed and t0 <= back]
+    wall = segments[-1][1] - segments[0][0] if segments else 0.0
+    return {"requests": requests, "failed": failed, "by_kind": by_kind, "ok_share": (requests - failed) / max(1, requests),
+            "rate": requests / wall if wall else 0.0,
+            "p99_before_ms": max(before) if before else float("nan"),
+            "p99_recovery_ms": max(during) if during else float("nan"),
             "recovery_s": (back - killed) if killed and back else float("nan")}
 
 
@@ -157,8 +190,8 @@ def _client_phase(url: str, rows: list, args) -> dict:
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    if not shutil.which("hey"):
-        print("needs `hey` (Debian: apt-get install hey)", file=sys.stderr)
+    if not shutil.which("wrk"):
+        print("needs `wrk` (Debian: apt-get install wrk)", file=sys.stderr)
         return 2
     owned_ws = args.workspace is None
     ws = (args.workspace or REPO / "benchmarks" / f".workspace-chaos-{os.getpid()}").resolve()
@@ -193,11 +226,9 @@ def main(argv=None) -> int:
         rows = [dict(zip(features, map(float, r))) for r in data[:256]]
         body = ('{"instances": [' + ",".join("[" + ",".join(f"{v:g}" for v in r) + "]" for r in data[:1]) + "]}").encode()
 
-        saturation = HeyClient(shutil.which("hey")).measure(f"{url}/predict", [body], 32, 8.0, warmup_s=2.0)
-        rate = saturation.requests_per_s
-        print(f"saturation: {rate:.0f} requests/s at concurrency 32 (p99 {saturation.p99_ms:.1f} ms)", flush=True)
-        no_retries = _hey_phase(f"{url}/predict", body, rate, args)
-        print(f"hey at {rate:.0f}/s, one replica killed: {no_retries}", flush=True)
+        no_retries = _wrk_phase(f"{url}/predict", body, args)
+        rate = no_retries["rate"]
+        print(f"wrk at saturation ({rate:.0f}/s), one replica killed: {no_retries}", flush=True)
         deadline = time.monotonic() + 120
         while len(_replica_pids()) < 2 or _running_replicas() < 2:
             if time.monotonic() > deadline:
@@ -210,13 +241,13 @@ def main(argv=None) -> int:
             ("2xx without client retries", f"{100 * no_retries['ok_share']:.3f}%", ">= 99.9%", no_retries["ok_share"] >= 0.999),
             ("successes with rayline.Client retries",
              f"{with_retries['ok']}/{with_retries['ok'] + with_retries['failed']}", "100%", with_retries["failed"] == 0),
-            ("replica back (hey phase)", f"{no_retries['recovery_s']:.1f} s", "<= 60 s", no_retries["recovery_s"] <= 60),
+            ("replica back (wrk phase)", f"{no_retries['recovery_s']:.1f} s", "<= 60 s", no_retries["recovery_s"] <= 60),
             ("replica back (client phase)", f"{with_retries['recovery_s']:.1f} s", "<= 60 s", with_retries["recovery_s"] <= 60),
         ]
         machine = machine_info(("rayline", "ray"))
         print(f"\nmachine: {machine['cores']} cores, {machine['cpu']}, {machine['ram_gib']} GiB RAM; route with 2 replicas")
-        print(f"hey phase: {no_retries['requests']} requests at {rate:.0f}/s, {no_retries['non_2xx']} not 2xx "
-              f"(status codes seen: {', '.join(no_retries['codes'])}); p99 {no_retries['p99_before_ms']:.1f} ms before the kill, "
+        print(f"wrk phase: {no_retries['requests']} requests at {rate:.0f}/s, {no_retries['failed']} failed "
+              f"({no_retries['by_kind']}); p99 {no_retries['p99_before_ms']:.1f} ms before the kill, "
               f"{no_retries['p99_recovery_ms']:.1f} ms during recovery")
         print(format_table(["check", "measured", "target", ""], [[a, b, c, "PASS" if ok else "MISS"] for a, b, c, ok in checks]))
         if with_retries["first_failure"]:

@@ -77,6 +77,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--baseline-port", type=int, default=8821, help="hand-written server port (a)")
     p.add_argument("--app-port", type=int, default=8822, help="rayline's app under plain uvicorn, no Ray (c)")
     p.add_argument("--baseline-threads", type=int, default=1, help="torch threads of the hand-written server")
+    p.add_argument("--ingress", choices=("haproxy", "proxy"), help="Serve ingress of the head it starts (default: "
+                   "rayline's, HAProxy): compare the two for large bodies")
+    p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help=f"rows per large request (default {BATCH_ROWS})")
+    p.add_argument("--no-object-rows", action="store_true", help="large requests as value arrays only (10,000 rows as "
+                   "objects are ~12 MB, over the default serve.max_body_bytes)")
     p.add_argument("--client", choices=("auto", "hey", "aiohttp"), default="auto",
                    help="load generator: hey (Debian's package; auto picks it when installed) or the aiohttp client")
     p.add_argument("--json-out", type=Path, help="also write the results as JSON here")
@@ -84,7 +89,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.seconds = args.seconds or (4.0 if args.quick else 15.0)
     args.warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 3.0)
     args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c]
+    _set_batch_rows(args.batch_rows)
     return args
+
+
+def _set_batch_rows(rows: int) -> None:
+    global BATCH_ROWS
+    BATCH_ROWS = rows
 
 
 def _rayline(*argv: str, timeout_s: float) -> None:
@@ -138,7 +149,11 @@ def _ingress(ws: Path) -> str:
 
 
 def _copy_artifact(model_dir: str, dest: Path) -> None:
-    """The files the hand-written server reads, copied out of the registered artifact."""
+    """The files the hand-written server reads, copied out of the registered artifact (either layout:
+    a pyfunc model keeps them under artifacts/, see rayline.model.artifact_root)."""
+    from rayline.model import artifact_root
+
+    model_dir = artifact_root(model_dir)
     (dest / "weights").mkdir(parents=True, exist_ok=True)
     for name in ("arch.json", "weights.pt"):
         shutil.copy(os.path.join(model_dir, "weights", name), dest / "weights" / name)
@@ -309,7 +324,9 @@ def _measure_all(args, client, urls: dict[str, str], x: np.ndarray, features: li
     _, big_arrays = _bodies(x, features, BATCH_ROWS, 4, arrays=True)
     one_v2, big_v2 = _v2_bodies(x, features, 1, 64), _v2_bodies(x, features, BATCH_ROWS, 4)
     scenarios = [(f"1 row @ {c}", one_a, one_b, one_v2, c, 1) for c in args.concurrency]
-    scenarios.append((f"rows {BATCH_ROWS} @ {args.batch_concurrency}", big_a, big_b, big_v2, args.batch_concurrency, BATCH_ROWS))
+    if not args.no_object_rows:
+        scenarios.append((f"rows {BATCH_ROWS} @ {args.batch_concurrency}", big_a, big_b, big_v2, args.batch_concurrency,
+                          BATCH_ROWS))
     scenarios.append((f"arrays {BATCH_ROWS} @ {args.batch_concurrency}", big_a, big_arrays, big_v2, args.batch_concurrency,
                       BATCH_ROWS))
     for name, bodies_a, bodies_b, bodies_v2, conc, rows in scenarios:
@@ -342,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             ws.mkdir(parents=True, exist_ok=True)
             if owned_ws or not _head_alive(ws):
                 _rayline("cluster", "up", "--workspace", str(ws), "--port", str(args.ray_port),
-                         "--dashboard-port", str(args.dashboard_port), timeout_s=300)
+                         "--dashboard-port", str(args.dashboard_port), *(["--ingress", args.ingress] if args.ingress else []),
+                         timeout_s=300)
                 started_cluster = True
             _rayline("run", str(SPEC.relative_to(REPO)), "--workspace", str(ws), "--port", str(args.serve_port),
                      "--set", "tune.num_samples=1", "--set", "train.epochs=3", timeout_s=900)
