@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import format_table, machine_info, wait_http  # noqa: E402
-from serving import REPO, SPEC, _head_temp_dir, _rayline, _stop_strays, _teardown_cluster  # noqa: E402
+from serving import REPO, SPEC, _rayline, stop_head  # noqa: E402
 
 MODEL, ROUTE = "digits", "/digits"
 REPLICA_TITLE = f"ray::ServeReplica:{MODEL}:{MODEL}-router"
@@ -261,11 +261,7 @@ def main(argv=None) -> int:
         if conn is not None:
             conn.shutdown()
         if started_cluster:
-            head_temp = _head_temp_dir(ws)
-            _teardown_cluster(ws)
-            _stop_strays(args.ray_port)
-            if head_temp:
-                shutil.rmtree(head_temp, ignore_errors=True)
+            stop_head(ws, args.ray_port, remove_session=True)
         if owned_ws:
             shutil.rmtree(ws, ignore_errors=True)
 

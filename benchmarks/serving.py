@@ -82,6 +82,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help=f"rows per large request (default {BATCH_ROWS})")
     p.add_argument("--no-object-rows", action="store_true", help="large requests as value arrays only (10,000 rows as "
                    "objects are ~12 MB, over the default serve.max_body_bytes)")
+    p.add_argument("--canary", type=int, metavar="PERCENT", help="measure (b) during a canary: register a copy of the "
+                   "served version and `rayline serve deploy digits --version N --canary PERCENT` before measuring")
     p.add_argument("--client", choices=("auto", "hey", "aiohttp"), default="auto",
                    help="load generator: hey (Debian's package; auto picks it when installed) or the aiohttp client")
     p.add_argument("--json-out", type=Path, help="also write the results as JSON here")
@@ -240,27 +242,40 @@ def _figures(results: dict[str, LoadResult]) -> dict[str, float]:
     return out
 
 
+def _start_canary(ws: Path, version: str, percent: int) -> None:
+    """A new version holding `version`'s artifact, deployed as a canary with `percent`% of the route."""
+    from rayline.registry import DEPLOYMENTS_TAG, Registry
+    from rayline.workspace import workspace
+
+    client = Registry(workspace(str(ws), None)).client
+    mv = client.get_model_version(MODEL, version)
+    tags = {k: v for k, v in mv.tags.items() if k != DEPLOYMENTS_TAG}
+    copy = str(client.create_model_version(MODEL, mv.source, mv.run_id, tags=tags).version)
+    _rayline("serve", "deploy", MODEL, "--version", copy, "--canary", str(percent), "--workspace", str(ws), timeout_s=300)
+
+
+def _side_by_side(figures: dict, first: str, second: str, title: str, names: tuple[str, str]) -> list[str]:
+    """Two servers' figures side by side with first/second ratios (empty when `first` was not measured)."""
+    if first not in figures:
+        return []
+    f1, f2 = figures[first], figures[second]
+    cell = lambda f, key: f"{f[key]:.2f}" if "ms" in key else f"{f[key]:.0f}"  # noqa: E731
+    rows = [[key.replace("@", " @ "), cell(f1, key), cell(f2, key), f"{_ratio(key, f2, f1):.2f}x"] for key in f1]
+    return ["", title, format_table(["figure", *names, f"{first}/{second}"], rows)]
+
+
 def _router_hop(figures: dict) -> list[str]:
-    """What the traffic router costs: (b) `ROUTE/predict` (router -> version) against (d)
-    `ROUTE/v/N/predict` (the same version's app, straight from the ingress), side by side."""
+    """What the model's route costs: (b) printed `ROUTE/predict` against (d) `ROUTE/v/N/predict`."""
     if "(d)" not in figures:
         return []
-    fb, fd = figures["(b)"], figures["(d)"]
-    rows = [[key.replace("@", " @ "), f"{fb[key]:.2f}" if "ms" in key else f"{fb[key]:.0f}",
-             f"{fd[key]:.2f}" if "ms" in key else f"{fd[key]:.0f}", f"{_ratio(key, fd, fb):.2f}x"] for key in fb]
-    return ["", "router hop: (b) ROUTE/predict through the router vs (d) ROUTE/v/N/predict, same version:",
-            format_table(["figure", "(b) routed", "(d) version route", "(b)/(d)"], rows)]
+    return _side_by_side(figures, "(b)", "(d)", "route: (b) the printed ROUTE/predict vs (d) ROUTE/v/N/predict, same version:",
+                         ("(b) printed route", "(d) version route"))
 
 
 def _v2_cost(figures: dict) -> list[str]:
     """What the Open Inference Protocol costs: (e) /v2 infer against (b) ROUTE/predict, same rows."""
-    if "(e)" not in figures:
-        return []
-    fb, fe = figures["(b)"], figures["(e)"]
-    rows = [[key.replace("@", " @ "), f"{fe[key]:.2f}" if "ms" in key else f"{fe[key]:.0f}",
-             f"{fb[key]:.2f}" if "ms" in key else f"{fb[key]:.0f}", f"{_ratio(key, fb, fe):.2f}x"] for key in fe]
-    return ["", "V2: (e) /v2/models/NAME/infer vs (b) ROUTE/predict, same rows (target: p50 <= 1.2x):",
-            format_table(["figure", "(e) /v2 infer", "(b) /predict", "(e)/(b)"], rows)]
+    return _side_by_side(figures, "(e)", "(b)", "V2: (e) /v2/models/NAME/infer vs (b) ROUTE/predict, same rows "
+                         "(target: p50 <= 1.2x):", ("(e) /v2 infer", "(b) /predict"))
 
 
 def _report(args, machine: dict, check: dict, results: dict[str, dict]) -> tuple[str, dict]:
@@ -301,7 +316,7 @@ def _report(args, machine: dict, check: dict, results: dict[str, dict]) -> tuple
         f"load average (1 min) at start {machine['load_avg_1m']}; (b) behind the {machine['ingress']}",
         "versions: python " + machine["python"] + ", " + ", ".join(f"{k} {v[k]}" for k in v),
         f"run: {args.warmup:g} s warm-up + {args.seconds:g} s per measurement, closed loop, keep-alive, client "
-        f"{machine['client']}; "
+        f"{machine['client']}; {machine.get('canary', 'no canary')}; "
         f"baseline torch threads {args.baseline_threads}; correctness: {check.get('agree_a_b')}/{check.get('rows')} rows agree "
         f"(a)=(b), {check.get('agree_b_offline')}/{check.get('rows')} (b)=offline, model version {check.get('version')}",
         "", table, *_router_hop(figures), *_v2_cost(figures), "",
@@ -408,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
         v2 = f"http://127.0.0.1:{args.serve_port}/v2/models/{MODEL}"
         if _healthy(f"{v2}/ready"):
             urls["(e)"] = f"{v2}/infer"
+        if args.canary:
+            _start_canary(ws, check["version"], args.canary)
+            machine["canary"] = f"{args.canary}% to a copy of version {check['version']} during every (b) cell"
         results = _measure_all(args, client, urls, x, features)
         text, summary = _report(args, machine, check, results)
         print(text)
@@ -441,13 +459,19 @@ def main(argv: list[str] | None = None) -> int:
         if app_server is not None:
             app_server.stop()
         if started_cluster:
-            head_temp = _head_temp_dir(ws)
-            _teardown_cluster(ws)
-            _stop_strays(args.ray_port)
-            if owned_ws and head_temp:
-                shutil.rmtree(head_temp, ignore_errors=True)  # that head's Ray session logs
+            stop_head(ws, args.ray_port, remove_session=owned_ws)
         if owned_ws:
             shutil.rmtree(ws, ignore_errors=True)
+
+
+def stop_head(ws: Path, ray_port: int, remove_session: bool) -> None:
+    """`rayline cluster down` of the head this run started, what it leaves behind, and (with
+    `remove_session`) that head's Ray session logs."""
+    head_temp = _head_temp_dir(ws)
+    _teardown_cluster(ws)
+    _stop_strays(ray_port)
+    if remove_session and head_temp:
+        shutil.rmtree(head_temp, ignore_errors=True)
 
 
 def _teardown_cluster(ws: Path) -> None:

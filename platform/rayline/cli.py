@@ -223,7 +223,6 @@ def _run_and_serve(conn, spec, ws, spec_path, deploy, host, port, exit_after_dep
                     time.sleep(3600)
             except KeyboardInterrupt as exc:
                 from rayline.signals import Terminated
-
                 from rayline.spec import ServeSpec
 
                 drain = (spec.serve or ServeSpec()).drain_timeout_s
@@ -1135,6 +1134,9 @@ def _environment_fault(exc: RaylineError) -> str | None:
 
 
 def main() -> None:
+    from rayline.signals import stop_on_sigterm
+
+    stop_on_sigterm()  # SIGTERM (docker stop, Kubernetes, `ray job stop`) stops every command as Ctrl-C does
     try:
         app()
     except RaylineError as exc:

@@ -1,6 +1,7 @@
 """SIGTERM handled like Ctrl-C: what `docker stop`, Kubernetes and `ray job stop` send.
 
-Why rayline installs its own handler: `ray.init` puts Ray's there (the driver's `sys.exit(15)`, an
+The CLI installs the handler when it starts, and again right after each `ray.init` (cluster.connect),
+because `ray.init` puts Ray's there (the driver's `sys.exit(15)`, an
 embedded head's "kill every Ray process, exit 1"), and the core worker's C++ failure handler
 printed a "SIGTERM received ... PC: @ ... clock_nanosleep" stack dump; nothing drained Serve, and
 Ray's DashboardAgent and RuntimeEnvAgent outlived the command by about a minute. With ours, the
@@ -34,12 +35,8 @@ def _raise_terminated(signum, frame) -> None:
 
 
 def stop_on_sigterm() -> None:
-    """From now on SIGTERM raises `Terminated` in the main thread (call it after `ray.init`, which
+    """From now on SIGTERM raises `Terminated` in the main thread (again after `ray.init`, which
     installs Ray's own handler). A no-op off the main thread, where signals cannot be handled."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_terminated)
 
-
-def received() -> bool:
-    """Whether SIGTERM arrived in this process."""
-    return _received

@@ -255,7 +255,7 @@ class Router:
             if not missing:
                 if table.rollout != current.table.rollout or table.canary != current.table.canary:
                     self.stats = {}  # a new rollout is judged on its own requests
-                self.routes = _Routes(table, tripped, dict(self.stacks))  # one assignment: requests see old or new
+                self.routes = _Routes(table, tripped, {v: self.stacks[v] for v in wanted})  # one assignment: old or new
                 self._drop(set(wanted))
                 self._ack(force=True)
                 return
