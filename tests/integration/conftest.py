@@ -204,6 +204,9 @@ def ensure_served(summary, ws, **settings):
     except httpx.HTTPError:
         pass
     route = urlparse(summary.endpoint).path
+    # The model's own V2 application (serve.oip) only where a test calls /v2 (test_oip passes
+    # oip=True): its replicas reserve CPUs like the route's, and a module's apps share 2 logical CPUs.
+    settings.setdefault("oip", False)
     rollout = versions.deploy(summary.name, summary.version, ws=ws, serve_spec=ServeSpec(route=route, **settings),
                               port=PORT)
     assert rollout.url == summary.endpoint and rollout.champion == str(summary.version), (rollout, summary.endpoint)

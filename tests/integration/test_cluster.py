@@ -447,7 +447,7 @@ def test_quick_start_serves_until_ctrl_c(tmp_path):
 
         proc.send_signal(signal.SIGINT)  # one Ctrl-C stops it, also after a Tune sweep
         assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
-        assert "stopping..." in log.read_text()
+        assert "Ctrl-C: stopping http://127.0.0.1:" in log.read_text()  # one line naming the URL and the drain
     finally:
         if proc.poll() is None:
             proc.kill()

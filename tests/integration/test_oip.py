@@ -29,7 +29,7 @@ def oip(digits, ws, tmp_path_factory):
 
     from ray import serve
 
-    endpoint = ensure_served(digits, ws)
+    endpoint = ensure_served(digits, ws, oip=True)
     if f"digits-v{digits.version}" not in serve.status().applications:  # `rayline run` deploys it (router layout)
         deploy_registered(f"digits-v{digits.version}", digits, ws, route=f"/digits/v/{digits.version}", **SMALL)
     keys = tmp_path_factory.mktemp("oip-keys") / "keys"
@@ -211,6 +211,37 @@ def test_api_keys_apply_through_v2(oip, pixels):
     assert len(ok.json()["outputs"][0]["data"]) == 3
     meta = httpx.get(f"{BASE}/v2/models/digits-keyed", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
     assert meta.status_code == 200 and meta.json()["name"] == "digits-keyed"
+
+
+def test_the_model_answers_v2_from_its_own_application(oip, pixels):
+    """serve.oip: /v2/models/digits/... is application digits-oip's (Serve routes the longest prefix),
+    whose replicas hold the model: with the shared /v2 application gone, digits still answers V2, with
+    the predictions /predict gives, and its metadata; a model without one of its own does not."""
+    from ray import serve
+
+    from rayline.serve.oip import OIP_APP, ensure_oip_app
+
+    body = _tensors(oip, pixels[:3])
+    rows = {"instances": [dict(zip(oip["features"], map(float, p))) for p in pixels[:3]]}
+    expected = httpx.post(f"{oip['endpoint']}/predict", json=rows, timeout=30).json()["predictions"]
+    serve.delete(OIP_APP)
+    try:
+        answered = _infer(body)
+        assert answered.status_code == 200, answered.text
+        assert [str(v) for v in answered.json()["outputs"][0]["data"]] == [str(v) for v in expected]
+        meta = httpx.get(f"{BASE}/v2/models/digits", timeout=30)
+        assert meta.status_code == 200 and meta.json()["name"] == "digits", meta.text
+        assert _infer(body, model="digits-keyed").status_code == 404  # served by the shared app only
+    finally:
+        ensure_oip_app()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{BASE}/v2/health/live", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
 
 
 def test_v2_costs_little_more_than_predict(oip, pixels):

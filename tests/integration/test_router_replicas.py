@@ -23,9 +23,15 @@ REQUESTS_PER_SPLIT = 20
 
 
 def _replica_requests(app: str) -> Counter:
-    """Requests each replica of `app` answered, from Serve's counters in the Prometheus export."""
+    """Requests each running replica of `app` answered, from Serve's counters in the Prometheus export
+    (replicas of earlier applications of the same name, which other modules deployed, are left out)."""
     import ray
     from prometheus_client.parser import text_string_to_metric_families
+
+    from rayline.serve.status import _serve_details
+
+    deployments = (_serve_details()["applications"].get(app) or {}).get("deployments") or {}
+    running = {r["replica_id"] for d in deployments.values() for r in d.get("replicas") or ()}
 
     found = Counter()
     for node in ray.nodes():
@@ -35,7 +41,7 @@ def _replica_requests(app: str) -> Counter:
         ours = "\n".join(line for line in text.splitlines() if line.startswith("ray_serve_deployment_request_counter")) + "\n"
         for family in text_string_to_metric_families(ours):
             for s in family.samples:
-                if s.labels.get("application") == app and s.name.endswith("_total"):
+                if s.labels.get("application") == app and s.name.endswith("_total") and s.labels["replica"] in running:
                     found[s.labels["replica"]] += s.value
     return found
 

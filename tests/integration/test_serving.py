@@ -242,7 +242,7 @@ def test_a_body_just_over_4_mb_is_answered_on_the_printed_route_and_the_version_
 
 
 LIMITS = {"batching": {"enabled": False}, "request_timeout_s": 0.3, "max_ongoing_requests": 1, "max_queued_requests": 1,
-          "retry_after_s": 2, "max_body_bytes": 8192, "max_instances": 5}
+          "retry_after_s": 2, "max_body_bytes": 8192, "max_instances": 5, "oip": False}
 
 
 @pytest.fixture(scope="module")

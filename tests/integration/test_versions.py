@@ -116,7 +116,8 @@ def setup(digits, ws):
     from rayline.serve import versions
     from rayline.spec import ServeSpec
 
-    rollout = versions.deploy("digits", digits.version, ws=ws, serve_spec=ServeSpec(route=ROUTE), port=PORT)
+    # oip=False: no V2 application of its own (test_oip covers it); the module's version apps need the CPUs.
+    rollout = versions.deploy("digits", digits.version, ws=ws, serve_spec=ServeSpec(route=ROUTE, oip=False), port=PORT)
     assert rollout.champion == digits.version and rollout.url == URL
     features = [f["name"] for f in httpx.get(f"{URL}/v/{digits.version}/metadata", timeout=30).json()["features"]]
     from sklearn.datasets import load_digits

@@ -14,6 +14,12 @@ split), version v of it the application `NAME-vv`; each is reached through a dep
 handle and `ModelServer.call_http` (`/predict`, `/metadata`, `/health`), so a V2 request runs
 the same validation, limits, API keys (the caller's Authorization header is passed on) and
 metrics as one sent to `/NAME/predict`. Tensors <-> rows: `rayline.serve.oip_codec`.
+
+A model deployed with `serve.oip` (the default) also has a V2 application of its own, `NAME-oip`
+at `/v2/models/NAME` (Serve routes the longest matching prefix there): the same routes, built by
+`build_oip_app` over `LocalApps`, in replicas that hold the model's live versions as the route's
+replicas do (serve/router.py), so a V2 request reaches the model with no second hop. This shared
+application still answers `/v2` itself, its health, and models without one of their own.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rayline.serve.oip_codec import HEADER_LENGTH, OipError, decode_request, encode_response, model_metadata, translate_detail
 
-__all__ = ["OIP_APP", "OIP_ROUTE", "OipServer", "ServeApps", "build_oip_app", "build_app", "ensure_oip_app"]
+__all__ = ["OIP_APP", "OIP_ROUTE", "OipServer", "ServeApps", "LocalApps", "build_oip_app", "build_app", "ensure_oip_app"]
 
 OIP_APP = "rayline-v2"
 OIP_ROUTE = "/v2"
@@ -111,6 +117,32 @@ class ServeApps:
             if "call_http" in str(exc):  # its ingress has no call_http: not a rayline model server
                 raise OipError(f"application '{app}' is not a rayline model", 404) from exc
             raise OipError(f"model application '{app}' failed to answer ({type(exc).__name__})", 503) from exc
+
+
+class LocalApps:
+    """`ServeApps` for the replicas of one model's own V2 application (`NAME-oip` at /v2/models/NAME,
+    serve.oip): the model's split (application NAME) and each version it holds (NAME-vN) are answered
+    by this replica's own request stacks, with no deployment handle in between (one hop, as /predict);
+    a version it does not hold goes to that version's application over a handle, as before."""
+
+    def __init__(self, router, call_timeout_s: float = 120.0):
+        self.router = router
+        self.remote = ServeApps(call_timeout_s)
+
+    async def names(self, fresh: bool = False) -> set[str]:
+        return await self.remote.names(fresh)
+
+    async def call(self, app: str, method: str, path: str, headers: list, body: bytes = b""):
+        from rayline.serve.asgi_call import call_asgi
+
+        name = self.router.name
+        if app == name:
+            return await self.router.call_http(method, path, headers, body)
+        if app.startswith(f"{name}-v"):
+            stack = self.router.routes.stacks.get(app[len(name) + 2:])
+            if stack is not None:
+                return await call_asgi(stack.app, method, path, headers=headers, body=body)
+        return await self.remote.call(app, method, path, headers, body)
 
 
 class _Models:

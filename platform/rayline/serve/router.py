@@ -16,8 +16,8 @@ own. A new split whose versions this replica has not loaded is loaded there firs
 registry, with the settings version N was deployed with, `rayline/versions/NAME/N`), then switched
 to in one assignment: requests never wait for a model load and never see a half-built table.
 Each replica says which revision it serves under `rayline/routing/NAME/replicas/ID` (and again
-every `ACK_EVERY_S`), so `rayline serve deploy|promote|rollback` return once every replica follows
-the new split. Not the deployment's `user_config`: in Ray 2.60 `serve.run` gives each deployment
+every `ACK_EVERY_S`), so `rayline serve deploy|promote|rollback` return once every RUNNING replica
+(by id, from Serve's details) follows the new split. Not the deployment's `user_config`: in Ray 2.60 `serve.run` gives each deployment
 a fresh random code version unless one is set, and setting one (`Deployment.options(version=...)`)
 is removed from the public API (ray/serve/_private/client.py, deployment.py), so a redeploy with
 a new user_config restarts the replicas; and even an in-place reconfigure takes a replica out of
@@ -46,7 +46,7 @@ from typing import Optional
 
 from ray import serve
 
-__all__ = ["RoutingTable", "Router", "build_router", "routing_key", "gate_key", "ack_prefix", "version_settings_key",
+__all__ = ["RoutingTable", "Router", "build_router", "oip_app", "oip_route", "routing_key", "gate_key", "ack_prefix", "version_settings_key",
            "record_version_settings", "KV_NAMESPACE", "VERSION_HEADER", "POLL_S", "ACK_EVERY_S", "evaluate_gate",
            "canary_share_to_champion"]
 
@@ -54,7 +54,7 @@ KV_NAMESPACE = "rayline"
 VERSION_HEADER = b"x-rayline-version"
 POLL_S = 0.25  # how soon every replica follows a new split: one KV read (~0.3 ms) per replica per poll
 LATENCY_WINDOW = 10_000  # canary latencies kept for the p99 (most recent)
-ACK_EVERY_S = 2.0  # a replica re-says which revision it serves this often: the driver counts fresh ones
+ACK_EVERY_S = 2.0  # a replica re-says which revision it serves (and why a load failed) at least this often
 RETRY_LOAD_S = 5.0  # a version that failed to load is tried again after this long, not every poll
 log = logging.getLogger("ray.serve")
 
@@ -65,6 +65,15 @@ def routing_key(name: str) -> bytes:
 
 def gate_key(name: str) -> bytes:
     return f"rayline/routing/{name}/gate".encode()
+
+
+def oip_app(name: str) -> str:
+    """The application answering the Open Inference Protocol for model `name` in-process (serve.oip)."""
+    return f"{name}-oip"
+
+
+def oip_route(name: str) -> str:
+    return f"/v2/models/{name}"
 
 
 def ack_prefix(name: str) -> bytes:
@@ -188,12 +197,13 @@ class Router:
     from that version's model held in this replica."""
 
     def __init__(self, name: str, workspace: Optional[str] = None, tracking_uri: Optional[str] = None,
-                 settings: Optional[dict] = None):
+                 settings: Optional[dict] = None, protocol: str = "rayline"):
         from rayline.serve.auth import load_api_keys
         from rayline.serve.limits import AdmissionSlots
         from rayline.spec import ServeSpec
 
         self.name, self.workspace, self.tracking_uri = name, workspace, tracking_uri
+        self.protocol = protocol  # "rayline": ROUTE/...; "v2": /v2/models/NAME/... (the Open Inference Protocol)
         settings = dict(settings or {})
         # Keys read here, on the replica (serve/auth.py says why); first, so missing keys fail fast.
         self.api_keys = load_api_keys(settings["auth"]) if settings.get("auth") else None
@@ -420,21 +430,40 @@ class Router:
         await self._route(scope, receive, send)
 
     def __serve_build_asgi_app__(self):
+        if self.protocol == "v2":
+            return self._oip_asgi()
+
         async def app(scope, receive, send):  # a plain function: uvicorn took the bound method for ASGI2
             await self._asgi(scope, receive, send)
 
         return app
 
+    def _oip_asgi(self):
+        """The Open Inference Protocol app (serve/oip.py) over this replica's own versions: mounted at
+        /v2/models/NAME, it sees paths as the shared /v2 app does (root_path /v2)."""
+        from rayline.serve.oip import LocalApps, build_oip_app
+
+        oip = build_oip_app(LocalApps(self))
+
+        async def app(scope, receive, send):
+            if scope["type"] == "http":
+                scope = {**scope, "root_path": "/v2"}
+            await oip(scope, receive, send)
+
+        return app
+
 
 def build_router(name: str, *, workspace: Optional[str] = None, tracking_uri: Optional[str] = None,
-                 framework: Optional[str] = None, settings: Optional[dict] = None):
-    """The route deployment of model `name` (bind it as application NAME at the model's route):
-    its replicas reserve what the versions' replicas do and autoscale as the spec says, since
-    every request to the route is answered in them."""
+                 framework: Optional[str] = None, settings: Optional[dict] = None, protocol: str = "rayline"):
+    """The route deployment of model `name` (bind it as application NAME at the model's route, or with
+    protocol "v2" as application oip_app(NAME) at oip_route(NAME)): its replicas reserve what the
+    versions' replicas do and autoscale as the spec says, since every request to the route is
+    answered in them."""
     from rayline.serve.app import _workspace_arg, deployment_options
     from rayline.spec import ServeSpec
 
     settings = {k: v for k, v in (settings or {}).items() if k in ServeSpec.model_fields and k not in ("route", "canary")}
     spec = ServeSpec.model_validate(settings)
     options = deployment_options(spec, framework, f"{name}-router")
-    return Router.options(**options).bind(name, _workspace_arg(workspace), tracking_uri, spec.model_dump(exclude={"route", "canary"}))
+    return Router.options(**options).bind(name, _workspace_arg(workspace), tracking_uri,
+                                          spec.model_dump(exclude={"route", "canary"}), protocol)

@@ -212,7 +212,7 @@ def _start_early(name: str, route: str, router_args: dict, apps: dict, created: 
     from ray import serve
 
     from rayline.serve.oip import OIP_APP, OIP_ROUTE, build_app as build_oip
-    from rayline.serve.router import KV_NAMESPACE, build_router, routing_key
+    from rayline.serve.router import KV_NAMESPACE, build_router, oip_app, oip_route, routing_key
 
     targets = []
     if not _router_running(name, apps):
@@ -221,6 +221,10 @@ def _start_early(name: str, route: str, router_args: dict, apps: dict, created: 
         _internal_kv_del(routing_key(name), namespace=KV_NAMESPACE)  # a deleted router's old split
         _forget_replicas(name)
         targets.append(serve.RunTarget(build_router(name, **router_args), name=name, route_prefix=route))
+    if router_args["settings"].get("oip", True) and oip_app(name) not in apps:
+        # The model's own V2 application: replicas holding the live versions, as the route's do.
+        targets.append(serve.RunTarget(build_router(name, **router_args, protocol="v2"), name=oip_app(name),
+                                       route_prefix=oip_route(name)))
     oip = apps.get(OIP_APP)
     if oip is None or _status_text(oip) in ("DEPLOY_FAILED", "DELETING"):
         targets.append(serve.RunTarget(build_oip(), name=OIP_APP, route_prefix=OIP_ROUTE))
@@ -276,26 +280,33 @@ def _forget_replicas(name: str) -> None:
     _internal_kv_del(ack_prefix(name), del_by_prefix=True, namespace=KV_NAMESPACE)
 
 
-def _replica_acks(name: str) -> list[dict]:
+def _replica_acks(name: str) -> dict[str, dict]:
+    """Replica id -> what that route replica last said it serves (router.py's acks)."""
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
 
     from rayline.serve.router import KV_NAMESPACE, ack_prefix
 
-    acks = []
-    for key in _internal_kv_list(ack_prefix(name), namespace=KV_NAMESPACE):
+    prefix = ack_prefix(name)
+    acks = {}
+    for key in _internal_kv_list(prefix, namespace=KV_NAMESPACE):
         raw = _internal_kv_get(key, namespace=KV_NAMESPACE)
         if raw:
-            acks.append(json.loads(raw))
+            acks[key[len(prefix):].decode()] = json.loads(raw)
     return acks
 
 
-def _running_route_replicas(name: str) -> int:
-    app = _apps().get(name)
-    deployment = app.deployments.get(f"{name}-router") if app is not None else None
-    if deployment is None:
-        return 0
-    states = getattr(deployment, "replica_states", None) or {}
-    return int(sum(n for state, n in states.items() if str(getattr(state, "value", state)) == "RUNNING"))
+def _running_route_replicas(name: str) -> set[str]:
+    """Ids of the RUNNING replicas of the model's route and of its own V2 application (both follow
+    the split). Ids, not a count: a replica being replaced may still ack the new split as it goes."""
+    from rayline.serve.router import oip_app
+    from rayline.serve.status import _serve_details
+
+    apps = _serve_details().get("applications") or {}
+    running = set()
+    for app_name in (name, oip_app(name)):
+        deployment = ((apps.get(app_name) or {}).get("deployments") or {}).get(f"{name}-router") or {}
+        running |= {r["replica_id"] for r in deployment.get("replicas") or () if str(r.get("state")).endswith("RUNNING")}
+    return running
 
 
 def _settle(table: dict, timeout_s: float = 120.0) -> None:
@@ -303,23 +314,23 @@ def _settle(table: dict, timeout_s: float = 120.0) -> None:
     the versions it names first, then switches; replicas/ID acks in the KV, router.py), so the
     command returns once the new split is what callers get. A replica that cannot load a version
     is a ServeError naming it; the replicas keep serving the split they had."""
-    from rayline.serve.router import ACK_EVERY_S, POLL_S
+    from rayline.serve.router import POLL_S
 
     name, revision = table["model"], int(table["revision"])
     deadline = time.monotonic() + timeout_s
     time.sleep(POLL_S)
     while True:
-        fresh = [a for a in _replica_acks(name) if time.time() - float(a.get("at") or 0) < ACK_EVERY_S * 3]
-        behind = [a for a in fresh if int(a.get("revision") or 0) < revision]
-        failed = [a["error"] for a in behind if a.get("error")]
+        acks, running = _replica_acks(name), _running_route_replicas(name)
+        behind = [r for r in running if int((acks.get(r) or {}).get("revision") or 0) < revision]
+        failed = [acks[r]["error"] for r in behind if (acks.get(r) or {}).get("error")]
         if failed:
             raise ServeError(f"model {name}: the route's replicas cannot load the new split ({failed[0]}); they keep "
                              f"serving the previous one")
-        if len(fresh) - len(behind) >= max(1, _running_route_replicas(name)):
+        if running and not behind:
             return
         if time.monotonic() > deadline:
             raise ServeError(f"model {name}: the route's replicas do not serve revision {revision} after {timeout_s:g} s "
-                             f"({len(behind)} still behind)")
+                             f"({len(behind)} of {len(running)} still behind)")
         time.sleep(POLL_S / 2)
 
 

@@ -610,6 +610,7 @@ class ServeSpec(_Strict):
     retry_after_s: int = Field(1, ge=0, description="Retry-After seconds on a 429.")
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413 before parsing.")
     request_timeout_s: float = Field(60.0, gt=0, description="A request still unanswered after this long gets 504.")
+    oip: bool = Field(True, description="Serve the Open Inference Protocol (KServe V2) for this model at /v2/models/<name> from replicas of its own that hold the model, as the route's do (one hop, like /predict); false: /v2 still answers through the shared rayline-v2 application, one hop more, and saves a replica.")
     drain_timeout_s: float = Field(20.0, ge=0, description="When a replica stops (SIGTERM of `rayline run`, a scale-down, a redeploy): how long its in-flight requests may take to finish. Keep it below the pod's terminationGracePeriodSeconds (Kubernetes' default 30 s).")
     auth: Optional[AuthSpec] = Field(None, description="API keys required on every route but GET /health.")
     canary: Optional[CanarySpec] = Field(
