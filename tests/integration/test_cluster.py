@@ -264,10 +264,17 @@ def _export_and_serve_deploy(ws, dashboard_port, expected, token_auth):
     shown = subprocess.run(["serve", "config", *address], capture_output=True, text=True, env=env, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert {"diabetes", "diabetes-v1", "rayline-v2"} <= {a["name"] for a in yaml.safe_load_all(shown.stdout) if a}
-    # The version's deployment record (`rayline models show`): `rayline run`'s deploy, then this config's.
-    lineage = _cli(ws, "models", "show", "diabetes")
-    assert lineage.returncode == 0, lineage.stderr
-    deployments = lineage.stdout.split("\ndeployments: ", 1)[1].splitlines()
+    # The version's deployment record (`rayline models show`): `rayline run`'s deploy, then this config's,
+    # recorded where the controller builds the route's application (`serve deploy` returns before that;
+    # the apps `rayline run` deployed answer meanwhile).
+    deadline = time.monotonic() + 120
+    while True:
+        lineage = _cli(ws, "models", "show", "diabetes")
+        assert lineage.returncode == 0, lineage.stderr
+        deployments = lineage.stdout.split("\ndeployments: ", 1)[1].splitlines()
+        if " config: " in deployments[-1] or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert deployments[0].endswith(f" deploy: champion 100% at /diabetes (app diabetes-v1; {base}/diabetes)"), deployments
     assert deployments[-1].endswith(" config: champion 100% at /diabetes (app diabetes-v1)"), deployments
 
@@ -316,7 +323,14 @@ def hi(request):
     return "hi"
 serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[1])})
 serve.run(hi.bind(), name="hi", route_prefix="/hi", blocking=False)
-print(httpx.get(f"http://127.0.0.1:{sys.argv[1]}/hi", timeout=60).text)
+import time
+deadline = time.monotonic() + 60
+while True:  # the ingress learns the new route a moment after serve.run returns
+    answer = httpx.get(f"http://127.0.0.1:{sys.argv[1]}/hi", timeout=60)
+    if answer.status_code == 200 or time.monotonic() > deadline:
+        break
+    time.sleep(0.5)
+print(answer.text)
 conn.shutdown()
 """
 

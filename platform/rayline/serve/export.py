@@ -81,12 +81,16 @@ def config_for(spec, version: str, *, workspace: Optional[str], tracking_uri: Op
         common["workspace"] = workspace
     if tracking_uri:
         common["tracking_uri"] = tracking_uri
+    import copy
+
     applications = [
         {"name": f"{name}-v{version}", "route_prefix": f"{route}/v/{version}",
          "import_path": "rayline.serve.app:build_app",
-         "args": {**common, "version": version, "framework": spec.model.framework, **settings}},
+         "args": {**common, "version": version, "framework": spec.model.framework, **copy.deepcopy(settings)}},
+        # Copies: the two apps sharing one dict would be written as YAML anchors (&id001, *id001).
         {"name": name, "route_prefix": route, "import_path": ROUTER_IMPORT_PATH,
-         "args": {**common, "route": route, "champion": version, "framework": spec.model.framework, **settings}},
+         "args": {**common, "route": route, "champion": version, "framework": spec.model.framework,
+                  **copy.deepcopy(settings)}},
     ]
     if with_v2:
         from rayline.serve.oip import OIP_APP, OIP_ROUTE
