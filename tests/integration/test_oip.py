@@ -23,6 +23,18 @@ SMALL = {"resources_per_replica": {"cpus": 0.1}, "replicas": {"min": 1, "max": 1
 KEY = "oip-key-" + secrets.token_urlsafe(24)
 
 
+def _wait_v2_live(timeout_s: float = 60.0) -> None:
+    """Until the shared /v2 application answers its liveness route (a moment after it is deployed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{BASE}/v2/health/live", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+
+
 @pytest.fixture(scope="module")
 def oip(digits, ws, tmp_path_factory):
     from rayline.serve.oip import ensure_oip_app
@@ -37,14 +49,7 @@ def oip(digits, ws, tmp_path_factory):
     deploy_registered("digits-keyed", digits, ws, auth={"api_keys_file": str(keys)}, **SMALL)
     ensure_oip_app()
     assert ensure_oip_app() is False  # already there: left alone
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{BASE}/v2/health/live", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
+    _wait_v2_live()
     meta = httpx.get(f"{endpoint}/metadata", timeout=30).json()
     return {"endpoint": endpoint, "features": [f["name"] for f in meta["features"]], "labels": meta["labels"],
             "version": str(digits.version)}
@@ -234,14 +239,7 @@ def test_the_model_answers_v2_from_its_own_application(oip, pixels):
         assert _infer(body, model="digits-keyed").status_code == 404  # served by the shared app only
     finally:
         ensure_oip_app()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{BASE}/v2/health/live", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        _wait_v2_live()
 
 
 def test_v2_costs_little_more_than_predict(oip, pixels):
