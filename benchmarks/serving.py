@@ -184,13 +184,16 @@ def _bodies(x: np.ndarray, features: list[str], rows: int, count: int, arrays: b
 
 
 def _v2_bodies(x: np.ndarray, features: list[str], rows: int, count: int) -> list[bytes]:
-    """The same rows as Open Inference Protocol requests: one FP64 tensor per feature."""
+    """The same rows as Open Inference Protocol requests: one FP64 tensor per feature, asking for the
+    `predictions` output only (what /predict answers by default; without `outputs` V2 answers the
+    class probabilities too, ten times the numbers to encode)."""
     out = []
     for k in range(count):
         idx = [(k * rows + j) % len(x) for j in range(rows)]
         block = x[idx]
         out.append(json.dumps({"inputs": [{"name": f, "shape": [rows], "datatype": "FP64", "data": block[:, i].tolist()}
-                                          for i, f in enumerate(features)]}).encode())
+                                          for i, f in enumerate(features)],
+                               "outputs": [{"name": "predictions"}]}).encode())
     return out
 
 

@@ -3,9 +3,10 @@
 - batching: interleaved concurrent requests of different sizes each get exactly their own
   rows (compared with offline predictions), and a bad request in a batch fails alone;
 - errors are JSON and never echo the request: overflow -> 422 naming the feature, too many
-  instances -> 422 without the rows, body too large -> 413, too slow -> 504, queue full -> 429
-  with Retry-After, each on the printed route and on the version's own route; a body just over
-  4 MB (under serve.max_body_bytes) is answered 200 on both;
+  instances -> 422 without the rows (400 over V2), body too large -> 413, too slow -> 504, queue
+  full -> 429 with Retry-After, no or a wrong API key -> 401, each on the printed route, the
+  version's own route and the model's own V2 route; a body just over 4 MB (under
+  serve.max_body_bytes) is answered 200 on the first two;
 - autoscaling: replicas rise to max under load and fall back to min;
 - fuzzing: schemathesis against the endpoint's own /openapi.json, zero 5xx.
 
@@ -202,15 +203,19 @@ def test_overflowing_number_is_422_naming_the_feature(endpoint, rows, features):
     assert "float32" in detail[0]["msg"]
 
 
-def test_validation_errors_never_echo_the_request(slow, rows):
-    response = _post(slow, {"instances": rows[:6]})  # max_instances is 5 there
-    assert response.status_code == 422
-    assert response.json()["detail"] == [{"loc": ["body", "instances"], "type": "too_long",
-                                          "msg": "List should have at most 5 items after validation, not 6"}]
-    many_bad = [{**r, "not_a_feature": 1, "pixel_0_0": "x"} for r in rows[:5]]  # 10 errors
-    response = _post(slow, {"instances": many_bad})
-    assert response.status_code == 422 and len(response.json()["detail"]) == 10
-    assert '"input"' not in response.text and '"x"' not in response.text
+def test_validation_errors_never_echo_the_request(slow_routes, rows):
+    for route in ("printed route", "version route"):
+        route = slow_routes[route]
+        response = route.post(rows[:6])  # max_instances is 5 there
+        assert response.status_code == 422
+        assert response.json()["detail"] == [{"loc": ["body", "instances"], "type": "too_long",
+                                              "msg": "List should have at most 5 items after validation, not 6"}]
+        many_bad = [{**r, "not_a_feature": 1, "pixel_0_0": "x"} for r in rows[:5]]  # 10 errors
+        response = route.post(many_bad)
+        assert response.status_code == 422 and len(response.json()["detail"]) == 10
+        assert '"input"' not in response.text and '"x"' not in response.text
+    v2 = slow_routes["v2 route"].post(rows[:6])  # the same rule, in the protocol's words
+    assert v2.status_code == 400 and v2.json() == {"error": "inputs: List should have at most 5 items after validation, not 6"}
 
 
 def test_at_most_20_errors_are_listed(endpoint, rows):
@@ -242,21 +247,48 @@ def test_a_body_just_over_4_mb_is_answered_on_the_printed_route_and_the_version_
 
 
 LIMITS = {"batching": {"enabled": False}, "request_timeout_s": 0.3, "max_ongoing_requests": 1, "max_queued_requests": 1,
-          "retry_after_s": 2, "max_body_bytes": 8192, "max_instances": 5, "oip": False}
+          "retry_after_s": 2, "max_body_bytes": 8192, "max_instances": 5, "oip": True,
+          "resources_per_replica": {"cpus": 0.1}}  # three applications; the autoscaling test needs room for a replica
+KEY = "limits-key-" + "k" * 24
+
+
+class Route:
+    """One route of the limited model and how to call it: `/predict` on the printed route and on the
+    version's route, `/v2/models/NAME/infer` on the model's own V2 application (tensors in, errors as
+    {"error": ...})."""
+
+    def __init__(self, kind, url, features):
+        self.kind, self.url, self.features = kind, url, features
+
+    def post(self, rows, key=KEY, timeout=60):
+        headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
+        if self.kind == "v2":
+            body = {"inputs": [{"name": f, "datatype": "FP64", "shape": [len(rows)], "data": [r[f] for r in rows]}
+                               for f in self.features]}
+            return httpx.post(self.url, content=json.dumps(body), headers=headers, timeout=timeout)
+        return httpx.post(f"{self.url}/predict", content=json.dumps({"instances": rows}), headers=headers, timeout=timeout)
+
+    def message(self, response) -> str:
+        body = response.json()
+        return body["error"] if self.kind == "v2" else body["detail"]
 
 
 @pytest.fixture(scope="module")
-def slow_routes(digits, ws):
-    """A deliberately slow model (0.6 s per model call) with tight limits, deployed the way `rayline run`
-    deploys (the model's route and its version's route, rayline.serve.versions.deploy) under a model name
-    of its own: a copy of the digits version. The slowness is build_app's test-only debug_infer_delay_s on
-    the version's application, started first; the route serves the version with the settings it was
-    deployed with, so both routes are slow alike. Returns both URLs."""
+def slow_routes(digits, ws, features, tmp_path_factory):
+    """A deliberately slow model (0.6 s per model call) with tight limits and API keys, deployed the way
+    `rayline run` deploys (the model's route, its version's route and its own V2 application,
+    rayline.serve.versions.deploy) under a model name of its own: a copy of the digits version. The
+    slowness is build_app's test-only debug_infer_delay_s on the version's application, started first;
+    the route and V2 replicas serve the version with the settings it was deployed with, so every route
+    is slow alike. Returns the three routes by name."""
     from rayline.registry import DEPLOYMENTS_TAG, Registry
     from rayline.serve import versions
     from rayline.spec import ServeSpec
 
     name = "digitslimits"
+    keys = tmp_path_factory.mktemp("limits-keys") / "keys"
+    keys.write_text(KEY + "\n")
+    limits = {**LIMITS, "auth": {"api_keys_file": str(keys)}}
     client = Registry(ws).client
     mv = client.get_model_version("digits", digits.version)
     if not client.search_registered_models(f"name='{name}'"):
@@ -264,40 +296,54 @@ def slow_routes(digits, ws):
     tags = {k: v for k, v in mv.tags.items() if k != DEPLOYMENTS_TAG}
     version = str(client.create_model_version(name, mv.source, mv.run_id, tags=tags).version)
     deploy_registered(f"{name}-v{version}", digits, ws, route=f"/{name}/v/{version}", name=name, version=version,
-                      debug_infer_delay_s=0.6, **LIMITS)
-    rollout = versions.deploy(name, version, ws=ws, serve_spec=ServeSpec(route=f"/{name}", **LIMITS), port=PORT)
-    return [rollout.url, f"{rollout.url}/v/{version}"]
+                      debug_infer_delay_s=0.6, **limits)
+    rollout = versions.deploy(name, version, ws=ws, serve_spec=ServeSpec(route=f"/{name}", **limits), port=PORT)
+    v2 = Route("v2", f"{BASE}/v2/models/{name}/infer", features)
+    deadline = time.monotonic() + 60
+    while v2.post([dict.fromkeys(features, 0.0)], timeout=10).status_code == 404 and time.monotonic() < deadline:
+        time.sleep(0.3)  # the V2 application reaches the proxy a moment after deploy returns
+    return {"printed route": Route("predict", rollout.url, features),
+            "version route": Route("predict", f"{rollout.url}/v/{version}", features), "v2 route": v2}
 
 
-@pytest.fixture(scope="module", params=["printed route", "version route"])
+@pytest.fixture(scope="module", params=["printed route", "version route", "v2 route"])
 def slow(request, slow_routes):
-    return slow_routes[0 if request.param == "printed route" else 1]
+    return slow_routes[request.param]
 
 
 def test_body_too_large_is_413_before_parsing(slow, rows):
-    response = _post(slow, {"instances": rows[:20]})  # ~20 KB > 8192
-    assert response.status_code == 413
-    assert "serve.max_body_bytes" in response.json()["detail"]
+    response = slow.post(rows[:40])  # ~40 KB of object rows, ~14 KB of tensors > 8192
+    assert response.status_code == 413, response.text
+    assert "serve.max_body_bytes" in slow.message(response)
 
 
 def test_slow_request_is_504_json(slow, rows):
     t0 = time.monotonic()
-    response = _post(slow, {"instances": rows[:1]})
+    response = slow.post(rows[:1])
     assert response.status_code == 504, response.text
-    assert "serve.request_timeout_s" in response.json()["detail"]
+    assert "serve.request_timeout_s" in slow.message(response)
     assert time.monotonic() - t0 < 5
 
 
 def test_full_queue_is_429_with_retry_after(slow, rows):
     with ThreadPoolExecutor(10) as pool:
-        answers = list(pool.map(lambda _: _post(slow, {"instances": rows[:1]}), range(10)))
+        answers = list(pool.map(lambda _: slow.post(rows[:1]), range(10)))
     codes = sorted(r.status_code for r in answers)
     # One request runs and one waits (max_ongoing 1 + max_queued 1); the rest are refused.
     assert codes.count(429) >= 5, codes
     assert set(codes) <= {429, 504}, codes
     refused = [r for r in answers if r.status_code == 429]
     assert all(r.headers["retry-after"] == "2" for r in refused)
-    assert all(r.json()["detail"].startswith("too many requests: 1 running and 1 waiting") for r in refused)  # JSON, not Ray's text
+    assert all(slow.message(r).startswith("too many requests: 1 running and 1 waiting") for r in refused)  # JSON, not Ray's text
+
+
+def test_a_missing_or_wrong_key_is_401(slow, rows):
+    for key, message, challenge in ((None, "missing API key", "Bearer"),
+                                    ("w" * 32, "invalid API key", 'Bearer error="invalid_token"')):  # RFC 6750
+        response = slow.post(rows[:1], key=key)
+        assert response.status_code == 401, response.text
+        assert response.headers["www-authenticate"] == challenge
+        assert slow.message(response).startswith(message)
 
 
 # ---------------------------------------------------------------- autoscaling

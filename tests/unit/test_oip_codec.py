@@ -70,6 +70,30 @@ def test_bf16_and_fp16_binary():
     assert decode_request(body, length, features, "regression").rows == [[2.5, 0.5], [-1.0, 3.0]]
 
 
+def test_flat_tensors_decode_as_the_fully_checked_form_does():
+    """decode_request takes a short path for flat JSON tensors of shape [n] and checks every rule in
+    turn for anything else (here: the same values as [n, 1] tensors, nested lists): random requests
+    (ints for numbers, nulls, features left out or in any order) decode to the same rows both ways."""
+    import random
+
+    rng = random.Random(7)
+    values = {"age": lambda: rng.choice([None, rng.random() * 90, rng.randint(0, 90)]),
+              "visits": lambda: rng.randint(-5, 5), "plan": lambda: rng.choice(["a", "b"]),
+              "active": lambda: rng.choice([True, False, None])}
+    datatypes = {"age": ["FP64", "FP32", "FP16"], "visits": ["INT64", "INT8", "FP64"], "plan": ["BYTES"], "active": ["BOOL"]}
+    for _ in range(200):
+        n = rng.randint(1, 6)
+        names = ["visits", "plan"] + [f for f in ("age", "active") if rng.random() < 0.7]
+        rng.shuffle(names)
+        columns = {f: [values[f]() for _ in range(n)] for f in names}
+        kinds = {f: rng.choice(datatypes[f]) for f in names}
+        flat = _request(*(_t(f, kinds[f], columns[f]) for f in names))
+        nested = _request(*(_t(f, kinds[f], [[v] for v in columns[f]], shape=[n, 1]) for f in names))
+        expected = [[columns[f][i] if f in columns else None for f in ("age", "visits", "plan", "active")] for i in range(n)]
+        assert decode_request(flat, None, FEATURES, "classification").rows == expected
+        assert decode_request(nested, None, FEATURES, "classification").rows == expected
+
+
 @pytest.mark.parametrize("inputs, message", [
     ([_t("age", "FP64", [1.0])], "inputs: missing tensor for feature(s) visits, plan (allowed: leave out only "
                                  "nullable features: age, active)"),

@@ -14,7 +14,15 @@ from __future__ import annotations
 import asyncio
 from typing import Iterable, NamedTuple
 
-__all__ = ["HttpResult", "call_asgi"]
+__all__ = ["HttpResult", "call_asgi", "HANDED_INSTANCES", "ANSWER_BOX"]
+
+# Scope keys of an in-process hand-over (the V2 route to a version's stack in the same replica,
+# serve/oip.py): the request's instances already decoded, `{"instances": [...], "probabilities": bool}`,
+# are validated as they are (no JSON written and parsed again), and `/predict` puts its answer in the
+# dict under ANSWER_BOX (key "result") instead of writing a JSON body. Every middleware of the stack
+# (metrics, API keys, admission) still sees the request.
+HANDED_INSTANCES = "rayline.instances"
+ANSWER_BOX = "rayline.answer"
 
 
 class HttpResult(NamedTuple):
@@ -31,8 +39,9 @@ class HttpResult(NamedTuple):
 
 
 async def call_asgi(app, method: str, path: str, *, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes = b"",
-                    query: bytes = b"", root_path: str = "") -> HttpResult:
-    """One HTTP request through `app`; `path` is relative to the app (e.g. "/predict")."""
+                    query: bytes = b"", root_path: str = "", extra_scope: dict | None = None) -> HttpResult:
+    """One HTTP request through `app`; `path` is relative to the app (e.g. "/predict"). `extra_scope`:
+    keys added to the ASGI scope (HANDED_INSTANCES, ANSWER_BOX)."""
     headers = [(bytes(k).lower(), bytes(v)) for k, v in headers]
     if body and not any(k == b"content-length" for k, _ in headers):
         headers.append((b"content-length", str(len(body)).encode()))
@@ -42,6 +51,8 @@ async def call_asgi(app, method: str, path: str, *, headers: Iterable[tuple[byte
         "root_path": root_path, "query_string": query, "headers": headers,
         "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0),
     }
+    if extra_scope:
+        scope.update(extra_scope)
     sent = False
     done = asyncio.Event()
 

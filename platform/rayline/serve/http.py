@@ -6,7 +6,10 @@ and FastAPI's /docs and /openapi.json. Pure FastAPI: testable without Ray.
 The request path: body bytes (size-checked) -> one pydantic-core validation into plain
 dicts (schema.build_request_adapter) -> `predictor.encode` (numpy) -> `infer` (the model,
 through the batcher on a replica) -> `predictor.respond`. No pandas, no per-row model
-objects; the validators are built once per replica, here.
+objects; the validators are built once per replica, here. A caller in the same process that
+already decoded the rows (the V2 route, serve/oip.py) hands them over in the ASGI scope
+(asgi_call.HANDED_INSTANCES): validated with the same schema from Python objects, answered as a
+dict (asgi_call.ANSWER_BOX), through `app.state.predict_handed` without FastAPI's routing.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from typing import Awaitable, Callable, Optional
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from rayline.errors import DataError, PredictionError
 from rayline.model import Predictor
+from rayline.serve.asgi_call import ANSWER_BOX, HANDED_INSTANCES
 from rayline.serve.limits import BodyTooLarge, read_body
 from rayline.serve.metrics import observe_rows
 from rayline.serve.responses import error_response, install_error_handlers, validation_response
@@ -74,14 +78,25 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
         finally:
             inflight -= 1
 
+    async def predict_handed(scope, receive, send) -> None:
+        """`/predict` as a plain ASGI app for an in-process hand-over (asgi_call.HANDED_INSTANCES): the
+        caller picked the route itself, so FastAPI's routing and dependency solving (tens of
+        microseconds) are skipped. serve/stack.py wraps it in the same middleware as the app."""
+        response = await predict(Request(scope, receive))
+        await response(scope, receive, send)
+
+    app.state.predict_handed = predict_handed
+
     async def answer(request: Request):
         started = time.monotonic()
+        handed = request.scope.get(HANDED_INSTANCES)  # decoded by the caller in this process (V2)
         try:
-            body = await read_body(request, max_body_bytes)
+            if handed is None:
+                data = adapter.validate_json(await read_body(request, max_body_bytes))
+            else:
+                data = adapter.validate_python(handed)
         except BodyTooLarge as exc:
             return error_response(413, str(exc))
-        try:
-            data = adapter.validate_json(body)
         except ValidationError as exc:
             return validation_response(_explained(exc.errors(include_url=False, include_input=False, include_context=False),
                                                   feature_names))
@@ -109,7 +124,12 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
                                        "retry later, or send fewer instances per request")
         # A plain JSONResponse: FastAPI's response_model validation would re-check every prediction.
         on_rows(len(rows))
-        return JSONResponse({**result, "model": name, "version": version})
+        answer = {**result, "model": name, "version": version}
+        box = request.scope.get(ANSWER_BOX)
+        if box is not None:  # an in-process caller takes the dict: no JSON body to write and parse back
+            box["result"] = answer
+            return Response(status_code=200)
+        return JSONResponse(answer)
 
     @app.get("/health")
     def health():

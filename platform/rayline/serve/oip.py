@@ -118,6 +118,13 @@ class ServeApps:
                 raise OipError(f"application '{app}' is not a rayline model", 404) from exc
             raise OipError(f"model application '{app}' failed to answer ({type(exc).__name__})", 503) from exc
 
+    async def predict(self, app: str, instances: list, probabilities: bool, headers: list):
+        """`POST /predict` of application `app` with these rows: its `HttpResult` and, when 200, the
+        answer parsed ({predictions, probabilities?, version, ...})."""
+        body = json.dumps({"instances": instances, "probabilities": probabilities}, separators=(",", ":")).encode()
+        result = await self.call(app, "POST", "/predict", [(b"content-type", b"application/json"), *headers], body)
+        return result, (json.loads(result.body) if result.status == 200 else None)
+
 
 class LocalApps:
     """`ServeApps` for the replicas of one model's own V2 application (`NAME-oip` at /v2/models/NAME,
@@ -143,6 +150,24 @@ class LocalApps:
             if stack is not None:
                 return await call_asgi(stack.app, method, path, headers=headers, body=body)
         return await self.remote.call(app, method, path, headers, body)
+
+    async def predict(self, app: str, instances: list, probabilities: bool, headers: list):
+        """As `ServeApps.predict`; for a version this replica holds, the decoded rows are handed to its
+        stack in-process (asgi_call.HANDED_INSTANCES) and the answer comes back as a dict: no JSON
+        between the two protocols, the same middleware (keys, limits, metrics) and validation."""
+        from rayline.serve.asgi_call import ANSWER_BOX, HANDED_INSTANCES, call_asgi
+
+        name = self.router.name
+        stack = self.router.routes.stacks.get(app[len(name) + 2:]) if app.startswith(f"{name}-v") else None
+        if app != name and stack is None:
+            return await self.remote.predict(app, instances, probabilities, headers)
+        box: dict = {}
+        scope = {HANDED_INSTANCES: {"instances": instances, "probabilities": probabilities}, ANSWER_BOX: box}
+        if stack is None:
+            result = await self.router.call_http("POST", "/predict", headers, extra_scope=scope)
+        else:
+            result = await call_asgi(stack.handed, "POST", "/predict", headers=headers, extra_scope=scope)
+        return result, box.get("result")
 
 
 class _Models:
@@ -230,12 +255,20 @@ class _ServerRoot:
         await self.app(scope, receive, send)
 
 
+def _unexpected_error(exc: Exception) -> JSONResponse:
+    import logging
+
+    logging.getLogger(__name__).error("V2 request failed", exc_info=exc)
+    return _error(500, f"internal error ({type(exc).__name__}); the server log has the details")
+
+
 def _passed(request: Request) -> list:
     return [(k, v) for k, v in request.headers.raw if k.lower() in _PASSED_HEADERS]
 
 
-def build_oip_app(apps: ServeApps) -> FastAPI:
-    """The V2 routes as a FastAPI app, relative to the `/v2` route prefix."""
+def build_oip_app(apps: ServeApps, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The V2 routes as a FastAPI app, relative to the `/v2` route prefix. `max_body_bytes`: the
+    largest inference body read (a model's own V2 application passes its serve.max_body_bytes)."""
     from rayline import __version__
     from rayline.serve.limits import BodyTooLarge, read_body
 
@@ -253,7 +286,7 @@ def build_oip_app(apps: ServeApps) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
-        return _error(500, f"internal error ({type(exc).__name__}); the server log has the details")
+        return _unexpected_error(exc)
 
     @app.get("/")
     async def server_metadata():
@@ -287,7 +320,7 @@ def build_oip_app(apps: ServeApps) -> FastAPI:
     async def infer(request: Request, name: str, version: Optional[str]):
         headers = _passed(request)
         try:
-            body = await read_body(request, MAX_BODY_BYTES)
+            body = await read_body(request, max_body_bytes)
         except BodyTooLarge as exc:
             return _error(413, str(exc))
         if request.headers.get("content-encoding", "identity").lower() != "identity":
@@ -296,17 +329,28 @@ def build_oip_app(apps: ServeApps) -> FastAPI:
         target = await models.resolve(name, version, headers)
         meta = await models.metadata(target, headers)
         decoded = decode_request(body, request.headers.get(HEADER_LENGTH), meta["features"], meta["task"])
-        rows = json.dumps({"instances": decoded.rows, "probabilities": "probabilities" in decoded.outputs},
-                          separators=(",", ":")).encode()
-        result = await apps.call(target, "POST", "/predict", [(b"content-type", b"application/json"), *headers], rows)
+        result, predict = await apps.predict(target, decoded.rows, "probabilities" in decoded.outputs, headers)
         if result.status != 200:
             raise _model_error(result)
-        predict = json.loads(result.body)
         payload, header_length = encode_response(name, predict.get("version", meta["version"]), decoded, predict, meta)
         if header_length is None:
             return Response(payload, media_type="application/json")
         return Response(payload, media_type="application/octet-stream",
                         headers={"Inference-Header-Content-Length": str(header_length)})
+
+    async def answer_infer(scope, receive, send, name: str, version: Optional[str]) -> None:
+        """`infer` as a plain ASGI call, for a caller that matched the path itself (a model's own V2
+        application, serve/router.py): the FastAPI app's routing and dependency solving cost more
+        than the rest of a one-row request. Errors are answered as the app's handlers answer them."""
+        try:
+            response = await infer(Request(scope, receive), name, version)
+        except OipError as exc:
+            response = _error(exc.status, exc.message, getattr(exc, "headers", None))
+        except Exception as exc:  # noqa: BLE001 - as the app's own handler: a JSON 500, details in the log
+            response = _unexpected_error(exc)
+        await response(scope, receive, send)
+
+    app.state.answer_infer = answer_infer
 
     for suffix, version in (("", False), ("/versions/{version}", True)):
         base = "/models/{name}" + suffix

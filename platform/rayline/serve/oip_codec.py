@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
+from pydantic_core import from_json
 
 __all__ = [
     "OipError", "DecodedRequest", "NUMERIC_DATATYPES", "INPUT_DATATYPES", "decode_request", "encode_response",
@@ -129,9 +130,9 @@ def _split_body(body: bytes, header_length: Optional[str]) -> tuple[bytes, bytes
 
 
 def _flatten(data: Any, where: str) -> list:
-    if not isinstance(data, list):
+    if type(data) is not list:
         raise OipError(f"{where}.data: must be a list of values, flat or nested by shape (got {type(data).__name__})")
-    if any(isinstance(v, list) for v in data):
+    if list in set(map(type, data)):  # set(map(type, ...)) runs in C: most requests are flat
         flat: list = []
         stack = [iter(data)]
         while stack:
@@ -181,24 +182,22 @@ def _decode_binary(raw: bytes, datatype: str, count: int, where: str) -> list:
     return values.tolist()
 
 
+# The Python types json.loads gives that each datatype's JSON data may hold (None: null). json.loads
+# makes exact bool/int/float/str objects, so one set of types per tensor, built in C, checks them all.
+_JSON_TYPES = {"BYTES": {str, type(None)}, "BOOL": {bool, type(None)}}
+_JSON_TYPES.update({d: {int, float, type(None)} for d in _FLOATS})
+_JSON_TYPES.update({d: {int, type(None)} for d in NUMERIC_DATATYPES if d not in _FLOATS})
+_ALLOWED_TEXT = {"BYTES": "strings (or null)", "BOOL": "true/false (or null)"}
+
+
 def _check_json_values(values: list, datatype: str, where: str) -> None:
     """The JSON values must be of the tensor's declared datatype (null allowed: /predict
     decides whether the feature takes it)."""
-    if datatype == "BYTES":
-        ok = all(v is None or isinstance(v, str) for v in values)
-        allowed = "strings (or null)"
-    elif datatype == "BOOL":
-        ok = all(v is None or isinstance(v, bool) for v in values)
-        allowed = "true/false (or null)"
-    elif datatype in _FLOATS:
-        ok = all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values)
-        allowed = "numbers (or null)"
-    else:
-        ok = all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in values)
-        allowed = "integers (or null)"
-    if not ok:
-        bad = next(i for i, v in enumerate(values) if not (v is None or _fits(v, datatype)))
-        raise OipError(f"{where}.data[{bad}]: {_kind_of(values[bad])} in a {datatype} tensor (allowed: {allowed})")
+    if set(map(type, values)) <= _JSON_TYPES[datatype]:
+        return
+    allowed = _ALLOWED_TEXT.get(datatype, "numbers (or null)" if datatype in _FLOATS else "integers (or null)")
+    bad = next(i for i, v in enumerate(values) if not (v is None or _fits(v, datatype)))
+    raise OipError(f"{where}.data[{bad}]: {_kind_of(values[bad])} in a {datatype} tensor (allowed: {allowed})")
 
 
 def _fits(v: Any, datatype: str) -> bool:
@@ -216,23 +215,8 @@ def _kind_of(v: Any) -> str:
             dict: "an object"}.get(type(v), type(v).__name__)
 
 
-def decode_request(body: bytes, header_length: Optional[str], features: list[dict], task: str,
-                   max_rows: int = 10_000) -> DecodedRequest:
-    """A V2 inference request -> positional rows. `features`: `/metadata`'s features
-    ({name, type, nullable}); raises OipError naming the tensor and what is allowed."""
-    header, binary = _split_body(body, header_length)
-    try:
-        request = json.loads(header)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise OipError("request body: not valid JSON (allowed: a V2 inference request, "
-                       "optionally followed by binary tensor data)") from exc
-    if not isinstance(request, dict):
-        raise OipError(f"request body: must be a JSON object with 'inputs' (got {_kind_of(request)})")
-    inputs = request.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
-        raise OipError("inputs: required, a non-empty list of tensors, one per feature "
-                       f"(allowed names: {', '.join(f['name'] for f in features)})")
-    by_name = {f["name"]: f for f in features}
+def _checked_tensors(inputs: list, by_name: dict, binary: bytes, max_rows: int) -> tuple[dict, dict]:
+    """Every input tensor -> its values, each rule checked in turn: the first broken one is the error."""
     columns: dict[str, list] = {}
     rows_of: dict[str, int] = {}
     offset = 0
@@ -253,8 +237,8 @@ def decode_request(body: bytes, header_length: Optional[str], features: list[dic
             raise OipError(f"{where}: datatype {datatype!r} does not fit a {feature['type']} feature "
                            f"(allowed: {', '.join(allowed)})")
         shape = tensor.get("shape")
-        if (not isinstance(shape, list) or len(shape) not in (1, 2) or not all(type(d) is int and d >= 0 for d in shape)
-                or (len(shape) == 2 and shape[1] != 1)):
+        if not (type(shape) is list and (len(shape) == 1 or (len(shape) == 2 and type(shape[1]) is int and shape[1] == 1))
+                and type(shape[0]) is int and shape[0] >= 0):
             raise OipError(f"{where}: shape {shape!r} not allowed (allowed: [n] or [n, 1], one value per row)")
         n = shape[0]
         if n == 0 or n > max_rows:
@@ -282,6 +266,52 @@ def decode_request(body: bytes, header_length: Optional[str], features: list[dic
     if offset != len(binary):
         raise OipError(f"request body: {len(binary) - offset} bytes of binary data belong to no input "
                        "(allowed: exactly the inputs' binary_data_size bytes after the JSON header)")
+    return columns, rows_of
+
+
+def _plain_tensors(inputs: list, by_name: dict, max_rows: int) -> Optional[tuple[dict, dict]]:
+    """The common request, decoded with the fewest steps: each input a flat JSON `data` list of n
+    values of its declared datatype, shape [n], no parameters. None at the first thing that is not
+    so, and `_checked_tensors` decodes the request again and names what is wrong (or handles what
+    this path does not: binary data, [n, 1], nested lists)."""
+    columns: dict[str, list] = {}
+    rows_of: dict[str, int] = {}
+    try:
+        for tensor in inputs:
+            name, datatype, shape, data = tensor["name"], tensor["datatype"], tensor["shape"], tensor["data"]
+            feature = by_name.get(name)
+            if (feature is None or name in columns or "parameters" in tensor or type(shape) is not list
+                    or len(shape) != 1 or type(data) is not list or datatype not in INPUT_DATATYPES.get(feature["type"], ("BYTES",))):
+                return None
+            n = shape[0]
+            if type(n) is not int or not 0 < n <= max_rows or len(data) != n or not set(map(type, data)) <= _JSON_TYPES[datatype]:
+                return None
+            columns[name] = data
+            rows_of[name] = n
+    except (TypeError, KeyError):  # not an object, a key missing, an unhashable name
+        return None
+    return columns, rows_of
+
+
+def decode_request(body: bytes, header_length: Optional[str], features: list[dict], task: str,
+                   max_rows: int = 10_000) -> DecodedRequest:
+    """A V2 inference request -> positional rows. `features`: `/metadata`'s features
+    ({name, type, nullable}); raises OipError naming the tensor and what is allowed."""
+    header, binary = _split_body(body, header_length)
+    try:
+        request = from_json(header)  # pydantic-core's parser: a third faster than json.loads on tensors
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OipError("request body: not valid JSON (allowed: a V2 inference request, "
+                       "optionally followed by binary tensor data)") from exc
+    if not isinstance(request, dict):
+        raise OipError(f"request body: must be a JSON object with 'inputs' (got {_kind_of(request)})")
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise OipError("inputs: required, a non-empty list of tensors, one per feature "
+                       f"(allowed names: {', '.join(f['name'] for f in features)})")
+    by_name = {f["name"]: f for f in features}
+    plain = None if binary else _plain_tensors(inputs, by_name, max_rows)
+    columns, rows_of = plain or _checked_tensors(inputs, by_name, binary, max_rows)
     counts = sorted(set(rows_of.values()))
     if len(counts) > 1:
         raise OipError("inputs: tensors have different numbers of rows ("

@@ -40,11 +40,14 @@ import bisect
 import json
 import logging
 import random
+import re
 import threading
 import time
 from typing import Optional
 
 from ray import serve
+
+from rayline.serve.asgi_call import HANDED_INSTANCES
 
 __all__ = ["RoutingTable", "Router", "build_router", "oip_app", "oip_route", "routing_key", "gate_key", "ack_prefix", "version_settings_key",
            "record_version_settings", "KV_NAMESPACE", "VERSION_HEADER", "POLL_S", "ACK_EVERY_S", "evaluate_gate",
@@ -405,16 +408,19 @@ class Router:
 
         started = time.perf_counter()
         try:
-            await routes.stacks[version].app(scope, receive, send_named)
+            stack = routes.stacks[version]
+            await (stack.handed if HANDED_INSTANCES in scope else stack.app)(scope, receive, send_named)
         finally:
             self._record(version, status >= 500, (time.perf_counter() - started) * 1000)
 
     async def call_http(self, method: str, path: str, headers: list | None = None, body: bytes = b"",
-                        query: bytes = b""):
-        """Same contract as ModelServer.call_http, on the split: a `HttpResult` from the version picked."""
+                        query: bytes = b"", extra_scope: dict | None = None):
+        """Same contract as ModelServer.call_http, on the split: a `HttpResult` from the version picked.
+        `extra_scope`: an in-process caller's hand-over (serve/asgi_call.py), never sent over a handle."""
         from rayline.serve.asgi_call import call_asgi
 
-        return await call_asgi(self._asgi, method, path, headers=headers or (), body=body, query=query)
+        return await call_asgi(self._asgi, method, path, headers=headers or (), body=body, query=query,
+                               extra_scope=extra_scope)
 
     async def _asgi(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -443,11 +449,15 @@ class Router:
         /v2/models/NAME, it sees paths as the shared /v2 app does (root_path /v2)."""
         from rayline.serve.oip import LocalApps, build_oip_app
 
-        oip = build_oip_app(LocalApps(self))
+        oip = build_oip_app(LocalApps(self), max_body_bytes=self.settings.max_body_bytes)
+        answer_infer = oip.state.answer_infer
+        infer_path = re.compile(rf"/v2/models/{re.escape(self.name)}(?:/versions/([^/]+))?/infer/?")
 
         async def app(scope, receive, send):
             if scope["type"] == "http":
                 scope = {**scope, "root_path": "/v2"}
+                if scope["method"] == "POST" and (match := infer_path.fullmatch(scope["path"])):
+                    return await answer_infer(scope, receive, send, self.name, match.group(1))
             await oip(scope, receive, send)
 
         return app

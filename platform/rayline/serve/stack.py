@@ -19,13 +19,15 @@ __all__ = ["VersionStack", "build_stack"]
 
 
 class VersionStack:
-    """What `build_stack` returns: the outermost ASGI app, the FastAPI app inside it, the version's
-    metrics (per-version counters in this process) and its predictor."""
+    """What `build_stack` returns: the outermost ASGI app, the same middleware around `/predict` for an
+    in-process hand-over (`handed`), the FastAPI app inside, the version's metrics (per-version
+    counters in this process) and its predictor."""
 
-    __slots__ = ("app", "http_app", "metrics", "predictor", "version")
+    __slots__ = ("app", "handed", "http_app", "metrics", "predictor", "version")
 
-    def __init__(self, app, http_app, metrics, predictor, version: str):
-        self.app, self.http_app, self.metrics, self.predictor, self.version = app, http_app, metrics, predictor, version
+    def __init__(self, app, handed, http_app, metrics, predictor, version: str):
+        self.app, self.handed, self.http_app = app, handed, http_app
+        self.metrics, self.predictor, self.version = metrics, predictor, version
 
     def close(self) -> None:
         """The version left this replica: its model-info series stops saying it is live here."""
@@ -68,8 +70,13 @@ def build_stack(predictor, version: str, settings, api_keys: Optional[list], *, 
                               on_rows=metrics.observe_rows)
     if slots is None:
         slots = AdmissionSlots(settings.max_ongoing_requests, settings.max_queued_requests, settings.retry_after_s)
-    app = AdmissionLimit(http_app, slots=slots)  # innermost
-    if api_keys is not None:
-        app = BearerAuthMiddleware(app, keys=list(api_keys))  # outside the queue: refused callers never wait for a slot
-    app = MetricsMiddleware(app, metrics=metrics)  # outermost: 401s are counted too
-    return VersionStack(app, http_app, metrics, predictor, version)
+
+    def guarded(inner):
+        app = AdmissionLimit(inner, slots=slots)  # innermost
+        if api_keys is not None:
+            app = BearerAuthMiddleware(app, keys=list(api_keys))  # outside the queue: refused callers never wait for a slot
+        return MetricsMiddleware(app, metrics=metrics)  # outermost: 401s are counted too
+
+    # `handed`: POST /predict only, for rows decoded in this process (the V2 route), behind the same
+    # slots, keys and metrics as `app`.
+    return VersionStack(guarded(http_app), guarded(http_app.state.predict_handed), http_app, metrics, predictor, version)
