@@ -263,7 +263,7 @@ def _export_and_serve_deploy(ws, dashboard_port, expected, token_auth):
     assert v2["outputs"][0]["data"][0] == pytest.approx(expected)
     shown = subprocess.run(["serve", "config", *address], capture_output=True, text=True, env=env, timeout=60)
     assert shown.returncode == 0, shown.stderr
-    assert {"diabetes", "diabetes-v1", "rayline-v2"} <= {a["name"] for a in yaml.safe_load_all(shown.stdout) if a}
+    assert {"diabetes", "diabetes-v1", "diabetes-oip", "rayline-v2"} <= {a["name"] for a in yaml.safe_load_all(shown.stdout) if a}
     # The version's deployment record (`rayline models show`): `rayline run`'s deploy, then this config's,
     # recorded where the controller builds the route's application (`serve deploy` returns before that;
     # the apps `rayline run` deployed answer meanwhile).

@@ -42,6 +42,9 @@ def test_export_writes_a_config_ray_accepts_for_the_version_asked(digits, ws, tm
     assert version_app.args["replicas"]["max"] == spec["serve"]["replicas"]["max"]
     assert router.args["champion"] == digits.version
     assert apps["rayline-v2"].route_prefix == "/v2"
+    own_v2 = apps["digits-oip"]  # serve.oip (default on): the model's own V2 replicas
+    assert own_v2.route_prefix == "/v2/models/digits" and own_v2.args["workspace"] == str(ws.root)
+    assert own_v2.import_path == "rayline.serve.export:build_oip_router_app" and "champion" not in own_v2.args
     # Each application builds from its args, as Serve's controller will build it.
     from rayline.serve.app import build_app
     from rayline.serve.oip import build_app as build_oip

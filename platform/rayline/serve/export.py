@@ -5,7 +5,11 @@ own `serve deploy FILE` and KubeRay's RayService (`serveConfigV2`) read — serv
 - application `NAME-vN` at `ROUTE/v/N`: the version's ModelServer (`rayline.serve.app:build_app`);
 - application `NAME` at `ROUTE`: the traffic router (`rayline.serve.export:build_router_app`),
   all traffic to version N, which becomes the champion the routers follow;
-- application `rayline-v2` at `/v2`: the Open Inference Protocol (`rayline.serve.oip:build_app`).
+- application `NAME-oip` at `/v2/models/NAME` (when the spec's `serve.oip` is on, the default): the
+  model's own Open Inference Protocol replicas, following the router's split
+  (`rayline.serve.export:build_oip_router_app`), so a V2 request reaches the model in one hop;
+- application `rayline-v2` at `/v2`: the Open Inference Protocol for the rest (`/v2` itself, its
+  health, models without an application of their own: `rayline.serve.oip:build_app`).
 
 The version is written as a number, resolved here once (default: the `champion` alias, else the
 newest version): a config names exactly what it serves, and changing the number is the rollout.
@@ -21,9 +25,11 @@ from typing import Any, Optional
 
 from rayline.errors import ServeError
 
-__all__ = ["export_config", "config_for", "write_config", "build_router_app", "ROUTER_IMPORT_PATH"]
+__all__ = ["export_config", "config_for", "write_config", "build_router_app", "build_oip_router_app",
+           "ROUTER_IMPORT_PATH", "OIP_ROUTER_IMPORT_PATH"]
 
 ROUTER_IMPORT_PATH = "rayline.serve.export:build_router_app"
+OIP_ROUTER_IMPORT_PATH = "rayline.serve.export:build_oip_router_app"
 
 
 def _version_spec(registry, mv):
@@ -94,7 +100,11 @@ def config_for(spec, version: str, *, workspace: Optional[str], tracking_uri: Op
     ]
     if with_v2:
         from rayline.serve.oip import OIP_APP, OIP_ROUTE
+        from rayline.serve.router import oip_app, oip_route
 
+        if serve_spec.oip:
+            applications.append({"name": oip_app(name), "route_prefix": oip_route(name), "import_path": OIP_ROUTER_IMPORT_PATH,
+                                 "args": {**common, "framework": spec.model.framework, **copy.deepcopy(settings)}})
         applications.append({"name": OIP_APP, "route_prefix": OIP_ROUTE, "import_path": "rayline.serve.oip:build_app"})
     config = {"proxy_location": "EveryNode", "http_options": {"host": host, "port": port}, "applications": applications}
     ServeDeploySchema.model_validate(config)  # what `serve deploy` will check, checked before writing
@@ -136,30 +146,14 @@ def build_router_app(args: dict[str, Any]):
     import json
     import uuid
 
-    from pydantic import ValidationError
-
     from rayline.serve.router import KV_NAMESPACE, build_router, routing_key
-    from rayline.spec import ServeSpec
 
-    serve_keys = set(ServeSpec.model_fields) - {"route", "canary"}
     # replicas_max: what configs written before the route held models said (now serve.replicas.max).
-    allowed = {"name", "route", "champion", "replicas_max", "workspace", "tracking_uri", "framework"} | serve_keys
-    unknown = sorted(set(args) - allowed)
-    missing = [k for k in ("name", "route", "champion") if not args.get(k)]
-    if unknown or missing:
-        raise ServeError(f"build_router_app args: {'unknown keys ' + str(unknown) if unknown else 'missing ' + str(missing)} "
-                         f"(allowed: {', '.join(sorted(allowed))})")
+    settings = _builder_settings("build_router_app", args, required=("name", "route", "champion"),
+                                 extra=("replicas_max",))
     name, champion = str(args["name"]), str(args["champion"])
     if not champion.isdigit():
         raise ServeError(f"build_router_app args.champion: a registered version number (got {champion!r})")
-    settings = {k: v for k, v in args.items() if k in serve_keys}
-    if args.get("replicas_max") and "replicas" not in settings:
-        settings["replicas"] = {"max": int(args["replicas_max"])}
-    try:
-        settings = ServeSpec.model_validate(settings).model_dump(exclude={"route", "canary"})
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ServeError(f"build_router_app args: {problems}") from None
     from ray.experimental.internal_kv import _internal_kv_get
 
     from rayline.serve.versions import _write_table
@@ -174,6 +168,42 @@ def build_router_app(args: dict[str, Any]):
         _record_champion(name, champion, str(args["route"]), args)
     return build_router(name, workspace=args.get("workspace"), tracking_uri=args.get("tracking_uri"),
                         framework=args.get("framework"), settings=settings)
+
+
+def build_oip_router_app(args: dict[str, Any]):
+    """Serve application builder for a model's own Open Inference Protocol application in a config file
+    (`NAME-oip` at `/v2/models/NAME`): args name, the registry (workspace, tracking_uri), framework and the
+    serve settings, as build_router_app's. Its replicas hold the live versions of the split the model's
+    router application (NAME, build_router_app) records, and follow it; building it changes nothing."""
+    from rayline.serve.router import build_router
+
+    settings = _builder_settings("build_oip_router_app", args, required=("name",))
+    return build_router(str(args["name"]), workspace=args.get("workspace"), tracking_uri=args.get("tracking_uri"),
+                        framework=args.get("framework"), settings=settings, protocol="v2")
+
+
+def _builder_settings(builder: str, args: dict, *, required: tuple, extra: tuple = ()) -> dict:
+    """A config builder's args checked (unknown keys and missing ones are a ServeError naming them and
+    what is allowed) -> its serve settings, validated as the spec's `serve` section."""
+    from pydantic import ValidationError
+
+    from rayline.spec import ServeSpec
+
+    serve_keys = set(ServeSpec.model_fields) - {"route", "canary"}
+    allowed = {*required, *extra, "workspace", "tracking_uri", "framework"} | serve_keys
+    unknown = sorted(set(args) - allowed)
+    missing = [k for k in required if not args.get(k)]
+    if unknown or missing:
+        raise ServeError(f"{builder} args: {'unknown keys ' + str(unknown) if unknown else 'missing ' + str(missing)} "
+                         f"(allowed: {', '.join(sorted(allowed))})")
+    settings = {k: v for k, v in args.items() if k in serve_keys}
+    if args.get("replicas_max") and "replicas" not in settings:
+        settings["replicas"] = {"max": int(args["replicas_max"])}
+    try:
+        return ServeSpec.model_validate(settings).model_dump(exclude={"route", "canary"})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ServeError(f"{builder} args: {problems}") from None
 
 
 def _record_champion(name: str, champion: str, route: str, args: dict) -> None:
