@@ -274,31 +274,21 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
     from rayline.cluster import cluster_address, connect
 
     chosen = choose_engine(engine, fmt, files, schema, _ray_running() or bool(cluster_address(ws, address)))
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    from rayline.files import atomic_path
+
     if chosen == "local":
-        try:
+        with atomic_path(out) as tmp:
             rows, kept = _score_locally(name, mv.version, ws, fmt, files, schema, features, keep, where, out_columns,
                                         probabilities, tmp, progress)
-            os.replace(tmp, out)
-        except BaseException:
-            try:
-                tmp.unlink()
-            except FileNotFoundError:
-                pass
-            raise
         return ScoreResult(output=str(out), rows=rows, seconds=time.monotonic() - started, model=name,
                            version=mv.version, columns=kept + out_columns, engine="local")
     connection = connect(ws, address)
     failure = None
     try:
-        rows, kept = _score_on_ray(name, mv.version, ws, fmt, files, str(input_path), schema, features, keep, where,
-                                   out_columns, probabilities, tmp, progress)
-        os.replace(tmp, out)
+        with atomic_path(out) as tmp:
+            rows, kept = _score_on_ray(name, mv.version, ws, fmt, files, str(input_path), schema, features, keep,
+                                       where, out_columns, probabilities, tmp, progress)
     except BaseException as exc:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
         if isinstance(exc, KeyboardInterrupt) or not (isinstance(exc, DataError) or _is_ray_error(exc)):
             raise
         failure = _unwrap(exc, _Source(fmt, str(input_path)))  # our one line, from a DataError or Ray's

@@ -475,17 +475,15 @@ def _write_online(url, api_key, timeout, retries, instances, probabilities, keep
         answered = client.version
     kept = inputs[list(dict.fromkeys(keep))] if keep else inputs.drop(columns=[c for c in predicted.columns if c in inputs.columns])
     frame = pd.concat([kept.reset_index(drop=True), predicted.reset_index(drop=True)], axis=1)
-    tmp = path.parent / f".{path.name}.partial-{os.getpid()}"
-    try:
+    from rayline.files import atomic_path
+
+    with atomic_path(path) as tmp:
         if kind == "parquet":
             frame.to_parquet(tmp, index=False)
         elif kind == "csv":
             frame.to_csv(tmp, index=False)
         else:
             frame.to_json(tmp, orient="records", lines=True)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     console.print(f"wrote {len(frame):,} predictions to {path} (version {answered or '?'} answered)")
 
 

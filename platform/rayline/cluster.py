@@ -137,6 +137,7 @@ INGRESS_ENV = "RAYLINE_SERVE_INGRESS"
 INGRESS_CHOICES = ("haproxy", "proxy")
 DEFAULT_INGRESS = "haproxy"
 _HAPROXY_FLAGS = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
+REPLICA_GRPC_LIMIT_ENV, REPLICA_GRPC_LIMIT = "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(2**31 - 1)
 
 
 def serve_env(ingress: str | None = None, state_dir: str | None = None) -> dict[str, str]:
@@ -178,6 +179,12 @@ def serve_env(ingress: str | None = None, state_dir: str | None = None) -> dict[
         # (Ray's default 30 s: every serve.delete, and Ctrl-C of `rayline run`, took 31 s per
         # app). The HAProxy rayline starts is told by the controller within ~0.5 s.
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+        # In this mode deployment handles talk to replicas over gRPC, whose replica side refuses
+        # messages over 4 MB by default: a request the shared /v2 application forwards to a model
+        # (one with serve.oip off) carries its rows, and one between 4 MB and serve.max_body_bytes
+        # failed with a 503. Bodies are bounded by serve.max_body_bytes (413 before anything is
+        # forwarded); this is the limit Serve's handles already have on their side.
+        REPLICA_GRPC_LIMIT_ENV: REPLICA_GRPC_LIMIT,
     })
     # An explicit setting of the user's wins over each of ours.
     return {key: os.environ.get(key, value) for key, value in env.items()}
@@ -550,9 +557,9 @@ def _failure_line(output: str) -> str:
 
 
 def _write_record(ws: Workspace, info: dict) -> None:
-    tmp = ws.cluster_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, ws.cluster_file)
+    from rayline.files import atomic_write
+
+    atomic_write(ws.cluster_file, json.dumps(info))
 
 
 def _abandon_start(ws: Workspace, info: dict) -> None:

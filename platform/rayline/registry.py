@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayline.errors import RegistryError
+from rayline.files import atomic_write
 from rayline.redact import redact_text, redact_uri
 from rayline.workspace import Workspace, owned_tempdir, sweep_orphans, user_cache_dir
 
@@ -277,9 +278,7 @@ class Registry:
             yield
             with contextlib.suppress(OSError):
                 st = os.stat(db)
-                tmp = marker.with_name(f"{marker.name}.{os.getpid()}")
-                tmp.write_text(f"{st.st_dev}:{st.st_ino}")
-                os.replace(tmp, marker)
+                atomic_write(marker, f"{st.st_dev}:{st.st_ino}")
         finally:
             lock.release()
 

@@ -543,8 +543,7 @@ def _add_test_metrics(artifact: str, test_metrics: dict) -> None:
     with open(path) as fh:
         meta = json.load(fh)
     meta["test_metrics"] = test_metrics
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(meta, fh, indent=1)
-    os.replace(tmp, path)
+    from rayline.files import atomic_write
+
+    atomic_write(path, json.dumps(meta, indent=1))
 

@@ -167,11 +167,10 @@ def write_json(location: str, document) -> None:
     file via a temporary name and a rename; an object in one upload (objects appear whole)."""
     data = json.dumps(document, indent=1).encode()
     if not is_uri(location):
+        from rayline.files import atomic_write
+
         os.makedirs(os.path.dirname(location) or ".", exist_ok=True)
-        tmp = f"{location}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, location)
+        atomic_write(location, data)
         return
     fs, path = filesystem(location)
     try:

@@ -51,7 +51,7 @@ def test_export_writes_a_config_ray_accepts_for_the_version_asked(digits, ws, tm
 
     assert type(build_app(version_app.args)).__name__ == "Application"
     assert type(build_oip(None)).__name__ == "Application"
-    assert not list(tmp_path.glob("*.tmp-*"))  # written atomically
+    assert [p.name for p in tmp_path.iterdir()] == ["digits.yaml"]  # written atomically: no temporary file left
 
 
 def test_export_prints_and_defaults_to_the_champion(digits, ws):

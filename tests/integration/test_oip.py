@@ -242,6 +242,27 @@ def test_the_model_answers_v2_from_its_own_application(oip, pixels):
         _wait_v2_live()
 
 
+def test_a_v2_body_just_over_4_mb_is_answered_on_both_v2_paths(oip):
+    """digits answers V2 from its own application (in-process); digits-keyed, with no V2 application
+    of its own, through the shared one, which sends the rows to the model's replica over a deployment
+    handle. Ray's gRPC between replicas (throughput-optimized mode) refuses messages over 4 MB by
+    default: a legitimate request under serve.max_body_bytes (10 MB) must not fail there."""
+    rng = np.random.default_rng(2)
+    n = 3_800
+    x = rng.random((n, len(oip["features"]))) * 16  # ~17 digits a value
+    body = json.dumps({"inputs": [{"name": f, "datatype": "FP64", "shape": [n], "data": x[:, i].tolist()}
+                                  for i, f in enumerate(oip["features"])], "outputs": [{"name": "predictions"}]}).encode()
+    assert 4.2 * 1024 * 1024 < len(body) < 10 * 1024 * 1024, len(body)
+    answers = {}
+    for model, headers in (("digits", {}), ("digits-keyed", {"authorization": f"Bearer {KEY}"})):
+        r = httpx.post(f"{BASE}/v2/models/{model}/infer", content=body, timeout=120,
+                       headers={"content-type": "application/json", **headers})
+        assert r.status_code == 200, (model, r.status_code, r.text[:300])
+        answers[model] = r.json()["outputs"][0]["data"]
+        assert len(answers[model]) == n
+    assert answers["digits"] == answers["digits-keyed"]  # one registered version behind both
+
+
 def test_v2_costs_little_more_than_predict(oip, pixels):
     """One row, sequential: the V2 hop (its replica, then the model's call_http) adds about a
     millisecond or two to /predict's latency; printed for the README, bounded loosely here."""

@@ -260,7 +260,8 @@ def _ray_containers(manifest):
     return [(name, group["template"]["spec"]["containers"][0]) for name, group in groups]
 
 
-_SERVE_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+_SERVE_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+              "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": "2147483647"}
 
 
 def _serve_env_problems(manifest):
@@ -544,6 +545,7 @@ def test_launcher_config_is_closed_by_default(path):
     for command in starts:
         assert "RAY_AUTH_MODE=token" in command, command
         assert "RAY_SERVE_ENABLE_HA_PROXY=1" in command and "RAY_SERVE_THROUGHPUT_OPTIMIZED=1" in command
+        assert "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH=2147483647" in command
         assert "0.0.0.0" not in command
     head = next(c for c in starts if "--head" in c)
     assert "--dashboard-host=127.0.0.1" in head

@@ -222,14 +222,11 @@ def write_html(text: str, path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.parent.is_dir():
         raise RaylineError(f"--output: no such directory {str(path.parent)!r} (got {str(path)!r})")
-    tmp = path.parent / f".{path.name}.partial-{os.getpid()}"
+    from rayline.files import atomic_write
+
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)
     except OSError as exc:
         raise RaylineError(f"--output: cannot write {path}: {exc.strerror or exc} "
                            "(allowed: a writable file path)") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
     return path

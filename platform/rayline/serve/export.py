@@ -123,16 +123,12 @@ def write_config(config: dict, path: Optional[str], name: str, version: str) -> 
     text = header + yaml.safe_dump(config, sort_keys=False)
     if path in (None, "-"):
         return text
-    tmp = f"{path}.tmp-{os.getpid()}"
+    from rayline.files import atomic_write
+
     try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)
     except OSError as exc:
         raise ServeError(f"--output: cannot write {path} ({exc.strerror or exc})") from exc
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return text
 
 

@@ -59,9 +59,9 @@ def write_probe(model_dir: str, outputs, precision: str = "fp32") -> None:
     if outputs.ndim == 2:
         record["class_ids"] = outputs.argmax(axis=1).tolist()
     path = os.path.join(os.path.dirname(os.path.abspath(model_dir)), PROBE_FILE)
-    with open(path + ".tmp", "w") as fh:
-        json.dump(record, fh)
-    os.replace(path + ".tmp", path)
+    from rayline.files import atomic_write
+
+    atomic_write(path, json.dumps(record))
 
 
 def read_probe(directory: str) -> dict | None:
