@@ -161,9 +161,6 @@ def digits(ray_session, ws):
 
 def deploy_registered(app_name, summary, ws, route=None, **settings):
     """Deploy the registered model of a pipeline `summary` as Serve app `app_name`; wait until it answers."""
-    import time
-
-    import httpx
     from ray import serve
 
     from rayline.serve.app import build_app
@@ -172,15 +169,26 @@ def deploy_registered(app_name, summary, ws, route=None, **settings):
     args = {"name": summary.name, "version": summary.version, "workspace": str(ws.root), "framework": "torch", **settings}
     serve.run(build_app(args), name=app_name, route_prefix=route, blocking=False)
     url = f"http://127.0.0.1:{PORT}{route}"
-    deadline = time.monotonic() + 90
+    wait_for_200(f"{url}/health", what=app_name)
+    return url
+
+
+def wait_for_200(url, timeout_s=90, what=None):
+    """Until GET `url` answers 200 (an application answers a moment after it is deployed); an
+    AssertionError naming `what` (default: the URL) after `timeout_s`."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return url
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
-    raise AssertionError(f"{app_name} did not come up within 90 s")
+        time.sleep(0.3)
+    raise AssertionError(f"{what or url} did not answer within {timeout_s} s")
 
 
 def ensure_served(summary, ws, **settings):

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from .conftest import PORT, deploy_registered, ensure_served
+from .conftest import PORT, deploy_registered, ensure_served, wait_for_200
 
 import tritonclient.http as tritonhttp  # declared in pyproject.toml: a broken install fails, not skips
 BASE = f"http://127.0.0.1:{PORT}"
@@ -23,16 +23,9 @@ SMALL = {"resources_per_replica": {"cpus": 0.1}, "replicas": {"min": 1, "max": 1
 KEY = "oip-key-" + secrets.token_urlsafe(24)
 
 
-def _wait_v2_live(timeout_s: float = 60.0) -> None:
+def _wait_v2_live() -> None:
     """Until the shared /v2 application answers its liveness route (a moment after it is deployed)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{BASE}/v2/health/live", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
+    wait_for_200(f"{BASE}/v2/health/live", timeout_s=60, what="the shared /v2 application")
 
 
 @pytest.fixture(scope="module")

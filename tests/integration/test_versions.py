@@ -37,7 +37,7 @@ import pytest
 
 from rayline.registry import DEPLOYMENTS_TAG
 
-from .conftest import PORT, ROOT
+from .conftest import PORT, ROOT, wait_for_200
 
 BASE = f"http://127.0.0.1:{PORT}"
 ROUTE = "/digits"
@@ -131,15 +131,7 @@ def _post(client, url, body):
 
 
 def _wait_health(url, timeout_s=90):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{url} did not answer within {timeout_s}s")
+    wait_for_200(f"{url}/health", timeout_s=timeout_s, what=url)
 
 
 def _start_version_app(ws, version, **settings):

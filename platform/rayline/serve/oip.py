@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import re
 import time
 from typing import Any, Optional
@@ -142,14 +143,17 @@ class LocalApps:
     async def call(self, app: str, method: str, path: str, headers: list, body: bytes = b""):
         from rayline.serve.asgi_call import call_asgi
 
-        name = self.router.name
-        if app == name:
+        if app == self.router.name:
             return await self.router.call_http(method, path, headers, body)
-        if app.startswith(f"{name}-v"):
-            stack = self.router.routes.stacks.get(app[len(name) + 2:])
-            if stack is not None:
-                return await call_asgi(stack.app, method, path, headers=headers, body=body)
+        stack = self._held(app)
+        if stack is not None:
+            return await call_asgi(stack.app, method, path, headers=headers, body=body)
         return await self.remote.call(app, method, path, headers, body)
+
+    def _held(self, app: str):
+        """The stack of version application `app` (NAME-vN) when this replica holds that version, else None."""
+        prefix = f"{self.router.name}-v"
+        return self.router.routes.stacks.get(app[len(prefix):]) if app.startswith(prefix) else None
 
     async def predict(self, app: str, instances: list, probabilities: bool, headers: list):
         """As `ServeApps.predict`; for a version this replica holds, the decoded rows are handed to its
@@ -157,9 +161,8 @@ class LocalApps:
         between the two protocols, the same middleware (keys, limits, metrics) and validation."""
         from rayline.serve.asgi_call import ANSWER_BOX, HANDED_INSTANCES, call_asgi
 
-        name = self.router.name
-        stack = self.router.routes.stacks.get(app[len(name) + 2:]) if app.startswith(f"{name}-v") else None
-        if app != name and stack is None:
+        stack = self._held(app)
+        if app != self.router.name and stack is None:
             return await self.remote.predict(app, instances, probabilities, headers)
         box: dict = {}
         scope = {HANDED_INSTANCES: {"instances": instances, "probabilities": probabilities}, ANSWER_BOX: box}
@@ -256,8 +259,6 @@ class _ServerRoot:
 
 
 def _unexpected_error(exc: Exception) -> JSONResponse:
-    import logging
-
     logging.getLogger(__name__).error("V2 request failed", exc_info=exc)
     return _error(500, f"internal error ({type(exc).__name__}); the server log has the details")
 
