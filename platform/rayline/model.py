@@ -140,6 +140,13 @@ class Predictor:
         """
         return self.preprocessing.encode_records(rows)
 
+    def encode_matrix(self, values: np.ndarray, value=None) -> np.ndarray:
+        """As `encode`, for request values already in one float64 matrix (n, features) in feature
+        order, each a finite number within float32's range (the V2 route's numeric tensors);
+        only for models whose features are all numbers (`preprocessing.compiled.takes_matrix`).
+        `value(row, feature)`: the value sent, for error messages. Works on `values` in place."""
+        return self.preprocessing.encode_matrix(values, value)
+
     def infer(self, features: np.ndarray) -> np.ndarray:
         """Model outputs for a float32 matrix: probabilities (n, classes) or values (n,).
 

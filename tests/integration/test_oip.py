@@ -185,6 +185,9 @@ def test_errors_follow_the_protocol_error_body(oip, pixels):
         # a value rule of /predict (digits features are not nullable), translated to the tensor and row
         (_infer(_tensors(oip, pixels, **{second: {"data": [None] + pixels[1:, 1].tolist()}})), 400,
          f"input '{second}' row 0: "),
+        # a number the schema refuses, on the numbers-only matrix path (HandedRows): the rows path names it
+        (_infer(_tensors(oip, pixels, **{second: {"data": [1e39] + pixels[1:, 1].tolist()}})), 400,
+         f"input '{second}' row 0: outside the model's float32 input range"),
         (_infer({**_tensors(oip, pixels), "outputs": [{"name": "scores"}]}), 400,
          "outputs[0]: unknown output 'scores' (allowed: predictions, probabilities)"),
         (httpx.get(f"{BASE}/v2/nowhere", timeout=30), 404, "GET /v2/nowhere: Not Found"),

@@ -214,3 +214,67 @@ def test_predict_errors_become_one_message_naming_tensor_and_row():
 def test_all_is_complete():
     public = {n for n in dir(oip_codec) if not n.startswith("_") and getattr(getattr(oip_codec, n), "__module__", "") == oip_codec.__name__}
     assert public - {"annotations"} <= set(oip_codec.__all__)
+
+
+# Numbers-only models: the decoder hands /predict one matrix, and /predict then skips its schema
+# checks (asgi_call.HandedRows). So the matrix must exist only when the schema would accept the rows,
+# and should whenever it would and no value is null.
+NUMERIC = [{"name": "x", "type": "number", "nullable": False}, {"name": "k", "type": "integer", "nullable": True}]
+
+
+def _numeric_adapter():
+    from rayline.data.preprocess import FeatureInfo, FittedPreprocessing, LabelInfo
+    from rayline.serve.schema import build_request_adapter
+
+    pre = FittedPreprocessing(features=[FeatureInfo("x", "number"), FeatureInfo("k", "integer", nullable=True)],
+                              label=LabelInfo("y", "regression", None))
+    return build_request_adapter(pre)
+
+
+def test_numeric_matrix_only_when_the_schema_accepts_the_rows():
+    import random
+
+    from pydantic import ValidationError
+
+    adapter = _numeric_adapter()
+    rng = random.Random(11)
+    pool = [0, -3, 2.5, 1e-300, 3.4e38, -3.4e38, 3.5e38, 1e39, 10**40, None, True, False]
+    seen = {"matrix": 0, "refused": 0}
+    for _ in range(400):
+        n = rng.randint(1, 4)
+        columns = {name: [rng.choice(pool) if rng.random() < 0.15 else rng.uniform(-99, 99) for _ in range(n)]
+                   for name in ("x", "k")}
+        body = _request(*(_t(name, "FP64", data) for name, data in columns.items()))
+        try:
+            decoded = decode_request(body, None, NUMERIC, "regression")
+        except OipError:  # a boolean in an FP64 tensor: refused by the protocol before /predict
+            assert any(type(v) is bool for data in columns.values() for v in data)
+            continue
+        try:
+            adapter.validate_python({"instances": decoded.rows})
+            accepted = True
+        except ValidationError:
+            accepted = False
+        nulls = any(v is None for data in columns.values() for v in data)  # nullable k: rows path, as before
+        assert (decoded.matrix is not None) == (accepted and not nulls), columns
+        if decoded.matrix is not None:
+            assert decoded.matrix.shape == (n, 2) and decoded.matrix.dtype == np.float64
+            assert decoded.matrix.tolist() == [[float(v) for v in row] for row in decoded.rows]
+        seen["matrix" if accepted else "refused"] += 1
+    assert min(seen.values()) > 50, seen  # both kinds of request were tried
+    nan = b'{"inputs": [{"name": "x", "datatype": "FP64", "shape": [1], "data": [NaN]},' \
+          b' {"name": "k", "datatype": "INT64", "shape": [1], "data": [1]}]}'
+    assert decode_request(nan, None, NUMERIC, "regression").matrix is None  # the schema refuses NaN
+
+
+def test_no_matrix_for_categories_strings_left_out_features_or_binary_tensors():
+    both = [_t("x", "FP64", [1.0, 2.0]), _t("k", "INT64", [1, 2])]
+    assert decode_request(_request(*both), None, NUMERIC, "regression").matrix is not None
+    assert decode_request(_request(both[0]), None, NUMERIC, "regression").matrix is None  # k left out: null
+    one_hot = [NUMERIC[0], {**NUMERIC[1], "categories": [1, 2]}]
+    assert decode_request(_request(*both), None, one_hot, "regression").matrix is None
+    assert decode_request(_request(_t("visits", "INT64", [1]), _t("plan", "BYTES", ["a"])), None,
+                          FEATURES, "classification").matrix is None
+    body, length = _binary([("x", "FP64", np.array([1.0, 2.0]).tobytes(), 2), ("k", "INT64", np.array([1, 2]).tobytes(), 2)])
+    decoded = decode_request(body, length, NUMERIC, "regression")
+    assert decoded.matrix is None and decoded.rows == [[1.0, 1], [2.0, 2]]  # the checked path: rows only

@@ -232,3 +232,25 @@ def test_array_rows_in_feature_order_equal_object_rows():
         numeric.encode_records([[1, 2], [1, 2, 3]])
     with pytest.raises(DataError, match=r"^instances\[0\]\.seats: value overflows .* \(got 1e\+39"):
         numeric.encode_records([[1, 1e39]])
+
+
+def test_a_request_matrix_encodes_as_its_rows_do():
+    """The V2 route hands numbers-only models one float64 matrix (CompiledTransform.transform_matrix):
+    the same model input as the same values sent as rows, and the same error for an overflow."""
+    numeric = [FeatureInfo("age", "number", nullable=True), FeatureInfo("fee", "integer"), FeatureInfo("seats", "integer")]
+    train = TRAIN[["age", "fee", "seats"]].assign(age=TRAIN["age"] * 1e-3)  # a small spread: 1/std is large
+    fitted = fit_preprocessing(train, numeric, LABEL, _steps(
+        {"impute": {"columns": ["age"], "strategy": "median"}}, {"standard_scale": {"columns": ["age"]}},
+        {"min_max_scale": {"columns": "numeric"}}))
+    assert fitted.compiled.takes_matrix and not _fit(*EVERY_STEP).compiled.takes_matrix
+    rows = [[31.0, 10, 2], [70.5, 45, 1], [0.0, -3, 9]]
+    matrix = np.array(rows, dtype=np.float64)
+    assert np.array_equal(fitted.encode_matrix(matrix.copy()), fitted.encode_records(rows))
+    big = [[1e38, 1, 1]]  # within float32, beyond it once scaled by 1/std
+    with pytest.raises(DataError) as by_rows:
+        fitted.encode_records(big)
+    with pytest.raises(DataError) as by_matrix:
+        fitted.encode_matrix(np.array(big), lambda row, name: big[row][["age", "fee", "seats"].index(name)])
+    assert str(by_matrix.value) == str(by_rows.value) and "instances[0].age" in str(by_rows.value)
+    with pytest.raises(ValueError, match="matrix of a numbers-only model"):
+        _fit(*EVERY_STEP).encode_matrix(np.zeros((1, 5)))

@@ -300,6 +300,19 @@ class CompiledTransform:
         arrays = bool(rows) and isinstance(rows[0], (list, tuple))
         return self.matrix(self.run(self.batch_from_arrays(rows) if arrays else self.batch_from_records(rows)))
 
+    @property
+    def takes_matrix(self) -> bool:
+        """Every feature is a numeric input column (no one-hot): requests can come as one matrix."""
+        return self._arrays_are_numeric
+
+    def transform_matrix(self, num: np.ndarray, value: Callable[[int, str], object] | None = None) -> np.ndarray:
+        """Request values already as one float64 matrix (n, features) in feature order (the V2
+        route's numeric tensors; needs `takes_matrix`). The steps work on it in place. `value`:
+        (row, feature) -> the value sent, echoed in an error."""
+        if not self._arrays_are_numeric or num.ndim != 2 or num.shape[1] != len(self.positions):
+            raise ValueError(f"a ({len(self.positions)} features) matrix of a numbers-only model expected, got shape {num.shape}")
+        return self.matrix(self.run(Batch(num, {}, lambda i: f"instances[{i}].", raw=value)))
+
     def transform_frame(self, frame) -> np.ndarray:
         return self.matrix(self.run(self.batch_from_frame(frame)))
 

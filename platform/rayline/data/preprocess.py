@@ -81,6 +81,11 @@ class FittedPreprocessing:
         """Request rows (feature name -> JSON value) -> float32 feature matrix; no pandas on the way."""
         return self.compiled.transform_records(rows)
 
+    def encode_matrix(self, num: np.ndarray, value=None) -> np.ndarray:
+        """Request values as one float64 matrix in feature order -> float32 feature matrix
+        (numbers-only models: `compiled.takes_matrix`)."""
+        return self.compiled.transform_matrix(num, value)
+
     def encode_labels(self, values: pd.Series) -> np.ndarray:
         if self.label.task == "regression":
             return values.to_numpy(dtype=np.float32)

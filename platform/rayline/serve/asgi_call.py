@@ -12,17 +12,34 @@ and error bodies — whichever way a request comes in.
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, NamedTuple, Optional
 
-__all__ = ["HttpResult", "call_asgi", "HANDED_INSTANCES", "ANSWER_BOX"]
+__all__ = ["HttpResult", "call_asgi", "HandedRows", "HANDED_INSTANCES", "ANSWER_BOX"]
 
 # Scope keys of an in-process hand-over (the V2 route to a version's stack in the same replica,
-# serve/oip.py): the request's instances already decoded, `{"instances": [...], "probabilities": bool}`,
-# are validated as they are (no JSON written and parsed again), and `/predict` puts its answer in the
-# dict under ANSWER_BOX (key "result") instead of writing a JSON body. Every middleware of the stack
-# (metrics, API keys, admission) still sees the request.
+# serve/oip.py): the request's rows already decoded (a `HandedRows`) are validated as they are (no
+# JSON written and parsed again), and `/predict` puts its answer in the dict under ANSWER_BOX (key
+# "result") instead of writing a JSON body. Every middleware of the stack (metrics, API keys,
+# admission) still sees the request.
 HANDED_INSTANCES = "rayline.instances"
 ANSWER_BOX = "rayline.answer"
+
+
+@dataclass
+class HandedRows:
+    """Decoded rows handed to `/predict` in-process (scope key HANDED_INSTANCES).
+
+    `matrix`: the same values as one float64 array (n, features) in feature order, set by the
+    caller only when it checked every value the way /predict's schema would (a finite number
+    within float32's range, none missing) and the model takes numbers only. /predict then skips
+    building rows and validating them (1,000 rows x 64 features: about 1.6 ms of a 5 ms request)
+    and encodes the matrix directly; any other request goes through `rows()` and the schema."""
+
+    rows: Callable[[], list]  # positional rows in feature order, built on demand
+    probabilities: bool = False
+    matrix: Optional[Any] = None  # numpy float64 (n, features), or None
+    value: Optional[Callable[[int, str], Any]] = None  # (row, feature) -> the value sent, for error messages
 
 
 class HttpResult(NamedTuple):

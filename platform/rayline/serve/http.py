@@ -8,7 +8,8 @@ dicts (schema.build_request_adapter) -> `predictor.encode` (numpy) -> `infer` (t
 through the batcher on a replica) -> `predictor.respond`. No pandas, no per-row model
 objects; the validators are built once per replica, here. A caller in the same process that
 already decoded the rows (the V2 route, serve/oip.py) hands them over in the ASGI scope
-(asgi_call.HANDED_INSTANCES): validated with the same schema from Python objects, answered as a
+(asgi_call.HANDED_INSTANCES, a HandedRows): validated with the same schema from Python objects,
+or, for a numbers-only model, taken as the one matrix the caller already checked; answered as a
 dict (asgi_call.ANSWER_BOX), through `app.state.predict_handed` without FastAPI's routing.
 """
 
@@ -26,7 +27,7 @@ from pydantic import ValidationError
 
 from rayline.errors import DataError, PredictionError
 from rayline.model import Predictor
-from rayline.serve.asgi_call import ANSWER_BOX, HANDED_INSTANCES
+from rayline.serve.asgi_call import ANSWER_BOX, HANDED_INSTANCES, HandedRows
 from rayline.serve.limits import BodyTooLarge, read_body
 from rayline.serve.metrics import observe_rows
 from rayline.serve.responses import error_response, install_error_handlers, validation_response
@@ -57,6 +58,7 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
     features = predictor.preprocessing.features
     nullable = [f.name for f in features if f.nullable]
     feature_names = [f.name for f in features]
+    takes_matrix = predictor.preprocessing.compiled.takes_matrix  # numbers only: V2 may hand over one matrix
     if infer is None:
         async def infer(x: np.ndarray, alone: bool) -> np.ndarray:
             return predictor.infer(x)
@@ -89,24 +91,28 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
 
     async def answer(request: Request):
         started = time.monotonic()
-        handed = request.scope.get(HANDED_INSTANCES)  # decoded by the caller in this process (V2)
+        handed: Optional[HandedRows] = request.scope.get(HANDED_INSTANCES)  # decoded by a caller in this process (V2)
+        matrix = handed.matrix if handed is not None and takes_matrix else None
         try:
             if handed is None:
                 data = adapter.validate_json(await read_body(request, max_body_bytes))
+            elif matrix is not None and 0 < len(matrix) <= max_instances and matrix.shape[1] == len(feature_names):
+                data = {"probabilities": handed.probabilities}  # values checked by the caller (HandedRows)
             else:
-                data = adapter.validate_python(handed)
+                matrix = None
+                data = adapter.validate_python({"instances": handed.rows(), "probabilities": handed.probabilities})
         except BodyTooLarge as exc:
             return error_response(413, str(exc))
         except ValidationError as exc:
             return validation_response(_explained(exc.errors(include_url=False, include_input=False, include_context=False),
                                                   feature_names))
-        rows = data["instances"]
-        if nullable and isinstance(rows[0], dict):
+        rows = data.get("instances")
+        if rows is not None and nullable and isinstance(rows[0], dict):
             for row in rows:
                 for feature in nullable:
                     row.setdefault(feature, None)
         try:
-            x = predictor.encode(rows)
+            x = predictor.encode(rows) if matrix is None else predictor.encode_matrix(matrix, handed.value)
             if request_timeout_s is None:
                 outputs = await infer(x, inflight == 1)
             else:
@@ -123,7 +129,7 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
             return error_response(504, f"not answered within {request_timeout_s:g}s (serve.request_timeout_s); "
                                        "retry later, or send fewer instances per request")
         # A plain JSONResponse: FastAPI's response_model validation would re-check every prediction.
-        on_rows(len(rows))
+        on_rows(len(x))
         answer = {**result, "model": name, "version": version}
         box = request.scope.get(ANSWER_BOX)
         if box is not None:  # an in-process caller takes the dict: no JSON body to write and parse back

@@ -37,7 +37,7 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rayline.serve.oip_codec import HEADER_LENGTH, OipError, decode_request, encode_response, model_metadata, translate_detail
+from rayline.serve.oip_codec import HEADER_LENGTH, DecodedRequest, OipError, decode_request, encode_response, model_metadata, translate_detail
 
 __all__ = ["OIP_APP", "OIP_ROUTE", "OipServer", "ServeApps", "LocalApps", "build_oip_app", "build_app", "ensure_oip_app"]
 
@@ -119,10 +119,11 @@ class ServeApps:
                 raise OipError(f"application '{app}' is not a rayline model", 404) from exc
             raise OipError(f"model application '{app}' failed to answer ({type(exc).__name__})", 503) from exc
 
-    async def predict(self, app: str, instances: list, probabilities: bool, headers: list):
-        """`POST /predict` of application `app` with these rows: its `HttpResult` and, when 200, the
-        answer parsed ({predictions, probabilities?, version, ...})."""
-        body = json.dumps({"instances": instances, "probabilities": probabilities}, separators=(",", ":")).encode()
+    async def predict(self, app: str, decoded: DecodedRequest, headers: list):
+        """`POST /predict` of application `app` with the decoded request's rows: its `HttpResult` and,
+        when 200, the answer parsed ({predictions, probabilities?, version, ...})."""
+        body = json.dumps({"instances": decoded.rows, "probabilities": "probabilities" in decoded.outputs},
+                          separators=(",", ":")).encode()
         result = await self.call(app, "POST", "/predict", [(b"content-type", b"application/json"), *headers], body)
         return result, (json.loads(result.body) if result.status == 200 else None)
 
@@ -155,17 +156,20 @@ class LocalApps:
         prefix = f"{self.router.name}-v"
         return self.router.routes.stacks.get(app[len(prefix):]) if app.startswith(prefix) else None
 
-    async def predict(self, app: str, instances: list, probabilities: bool, headers: list):
-        """As `ServeApps.predict`; for a version this replica holds, the decoded rows are handed to its
-        stack in-process (asgi_call.HANDED_INSTANCES) and the answer comes back as a dict: no JSON
-        between the two protocols, the same middleware (keys, limits, metrics) and validation."""
-        from rayline.serve.asgi_call import ANSWER_BOX, HANDED_INSTANCES, call_asgi
+    async def predict(self, app: str, decoded: DecodedRequest, headers: list):
+        """As `ServeApps.predict`; for a version this replica holds, the decoded rows (or, for a
+        numbers-only model, the decoded matrix) are handed to its stack in-process
+        (asgi_call.HANDED_INSTANCES) and the answer comes back as a dict: no JSON between the two
+        protocols, the same middleware (keys, limits, metrics) and validation."""
+        from rayline.serve.asgi_call import ANSWER_BOX, HANDED_INSTANCES, HandedRows, call_asgi
 
         stack = self._held(app)
         if app != self.router.name and stack is None:
-            return await self.remote.predict(app, instances, probabilities, headers)
+            return await self.remote.predict(app, decoded, headers)
         box: dict = {}
-        scope = {HANDED_INSTANCES: {"instances": instances, "probabilities": probabilities}, ANSWER_BOX: box}
+        handed = HandedRows(rows=lambda: decoded.rows, probabilities="probabilities" in decoded.outputs,
+                            matrix=decoded.matrix, value=decoded.value)
+        scope = {HANDED_INSTANCES: handed, ANSWER_BOX: box}
         if stack is None:
             result = await self.router.call_http("POST", "/predict", headers, extra_scope=scope)
         else:
@@ -330,7 +334,7 @@ def build_oip_app(apps: ServeApps, max_body_bytes: int = MAX_BODY_BYTES) -> Fast
         target = await models.resolve(name, version, headers)
         meta = await models.metadata(target, headers)
         decoded = decode_request(body, request.headers.get(HEADER_LENGTH), meta["features"], meta["task"])
-        result, predict = await apps.predict(target, decoded.rows, "probabilities" in decoded.outputs, headers)
+        result, predict = await apps.predict(target, decoded, headers)
         if result.status != 200:
             raise _model_error(result)
         payload, header_length = encode_response(name, predict.get("version", meta["version"]), decoded, predict, meta)

@@ -40,6 +40,8 @@ from typing import Any, Optional
 import numpy as np
 from pydantic_core import from_json
 
+from rayline.serve.schema import FLOAT32_MAX
+
 __all__ = [
     "OipError", "DecodedRequest", "NUMERIC_DATATYPES", "INPUT_DATATYPES", "decode_request", "encode_response",
     "model_metadata", "input_datatype", "label_datatype", "translate_detail", "HEADER_LENGTH",
@@ -78,9 +80,23 @@ class OipError(Exception):
 @dataclass
 class DecodedRequest:
     id: Optional[str]
-    rows: list[list[Any]]  # positional rows in feature order, ready for /predict's "instances"
+    columns: dict[str, list]  # feature name -> its n values (a feature left out: absent)
+    names: list[str]  # the model's features, in order
+    n: int
     outputs: list[str]  # output names to answer, in order
     binary: dict[str, bool] = field(default_factory=dict)  # output name -> send as binary
+    # every value as one float64 (n, features) matrix, when the model takes numbers only and each
+    # value is one /predict's schema accepts (see asgi_call.HandedRows); else None
+    matrix: Optional[np.ndarray] = None
+
+    @property
+    def rows(self) -> list[list[Any]]:
+        """Positional rows in feature order, ready for /predict's "instances" (a left-out feature: null)."""
+        nulls = [None] * self.n
+        return [list(r) for r in zip(*(self.columns.get(name, nulls) for name in self.names))]
+
+    def value(self, row: int, name: str) -> Any:
+        return self.columns[name][row] if name in self.columns else None
 
 
 def input_datatype(kind: str) -> str:
@@ -276,6 +292,7 @@ def _plain_tensors(inputs: list, by_name: dict, max_rows: int) -> Optional[tuple
     this path does not: binary data, [n, 1], nested lists)."""
     columns: dict[str, list] = {}
     rows_of: dict[str, int] = {}
+    nulls = False
     try:
         for tensor in inputs:
             name, datatype, shape, data = tensor["name"], tensor["datatype"], tensor["shape"], tensor["data"]
@@ -284,13 +301,33 @@ def _plain_tensors(inputs: list, by_name: dict, max_rows: int) -> Optional[tuple
                     or len(shape) != 1 or type(data) is not list or datatype not in INPUT_DATATYPES.get(feature["type"], ("BYTES",))):
                 return None
             n = shape[0]
-            if type(n) is not int or not 0 < n <= max_rows or len(data) != n or not set(map(type, data)) <= _JSON_TYPES[datatype]:
+            if type(n) is not int or not 0 < n <= max_rows or len(data) != n:
                 return None
+            types = set(map(type, data))
+            if not types <= _JSON_TYPES[datatype]:
+                return None
+            nulls = nulls or type(None) in types
             columns[name] = data
             rows_of[name] = n
     except (TypeError, KeyError):  # not an object, a key missing, an unhashable name
         return None
-    return columns, rows_of
+    return columns, rows_of, nulls
+
+
+def _numeric_matrix(columns: dict[str, list], features: list[dict], n: int) -> Optional[np.ndarray]:
+    """Every feature's values as one float64 (n, features) matrix, when the model takes numbers
+    only (no categories, no strings or booleans), every feature is sent, and every value is what
+    /predict's schema accepts (a finite number within float32's range); else None, and the rows
+    go through the schema, which names what is wrong."""
+    if len(columns) != len(features) or any(f["type"] not in ("integer", "number") or "categories" in f for f in features):
+        return None
+    try:
+        matrix = np.array([columns[f["name"]] for f in features], dtype=np.float64).T
+    except (KeyError, OverflowError, TypeError, ValueError):  # an int beyond float64
+        return None
+    if matrix.shape != (n, len(features)) or not np.isfinite(matrix).all() or (matrix.size and np.abs(matrix).max() > FLOAT32_MAX):
+        return None
+    return matrix
 
 
 def decode_request(body: bytes, header_length: Optional[str], features: list[dict], task: str,
@@ -311,7 +348,7 @@ def decode_request(body: bytes, header_length: Optional[str], features: list[dic
                        f"(allowed names: {', '.join(f['name'] for f in features)})")
     by_name = {f["name"]: f for f in features}
     plain = None if binary else _plain_tensors(inputs, by_name, max_rows)
-    columns, rows_of = plain or _checked_tensors(inputs, by_name, binary, max_rows)
+    columns, rows_of, nulls = plain or (*_checked_tensors(inputs, by_name, binary, max_rows), True)
     counts = sorted(set(rows_of.values()))
     if len(counts) > 1:
         raise OipError("inputs: tensors have different numbers of rows ("
@@ -322,12 +359,11 @@ def decode_request(body: bytes, header_length: Optional[str], features: list[dic
         shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
         raise OipError(f"inputs: missing tensor for feature(s) {shown} (allowed: leave out only nullable features: "
                        f"{', '.join(f['name'] for f in features if f.get('nullable')) or 'none in this model'})")
-    nulls = [None] * n
-    rows = [list(r) for r in zip(*(columns.get(f["name"], nulls) for f in features))]
     outputs, binary_out = _requested_outputs(request, task)
     request_id = request.get("id")
-    return DecodedRequest(id=request_id if isinstance(request_id, str) else None, rows=rows,
-                          outputs=outputs, binary=binary_out)
+    return DecodedRequest(id=request_id if isinstance(request_id, str) else None, columns=columns,
+                          names=[f["name"] for f in features], n=n, outputs=outputs, binary=binary_out,
+                          matrix=None if nulls else _numeric_matrix(columns, features, n))
 
 
 def _requested_outputs(request: dict, task: str) -> tuple[list[str], dict[str, bool]]:
