@@ -227,34 +227,40 @@ def test_jobs_stop_stops_a_running_job(head):
         logs = httpx.get(f"http://127.0.0.1:{_DASH}/api/jobs/{job}/logs", timeout=30,
                          headers={"Authorization": f"Bearer {head['token']}"}).json()["logs"]
     assert "train: started" in logs, logs[-3000:]
-    # Ctrl-C while following stops following, not the job.
+    # Ctrl-C while following stops following, not the job; so does SIGTERM (docker stop, Kubernetes).
+    # Two followers at once, one per signal: one CLI start-up paid for both.
     import signal
     import subprocess
     import sys
+    import threading
 
     from .conftest import ROOT
 
     env = {**os.environ, **head["env"], "RAYLINE_WORKSPACE": str(head["ws"])}
-    follower = subprocess.Popen([sys.executable, "-m", "rayline.cli", "jobs", "logs", job, "--follow"], cwd=ROOT, env=env,
+    followers = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        proc = subprocess.Popen([sys.executable, "-m", "rayline.cli", "jobs", "logs", job, "--follow"], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    import threading
-
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(follower.stdout.readline, "")), daemon=True)
-    reader.start()
+        lines: list = []
+        reader = threading.Thread(target=lambda p=proc, into=lines: into.extend(iter(p.stdout.readline, "")), daemon=True)
+        reader.start()
+        followers[sig] = (proc, lines, reader)
     deadline = time.monotonic() + 60
-    while not any("train: started" in line for line in lines) and time.monotonic() < deadline:
-        time.sleep(0.2)  # until it streams
-    follower.send_signal(signal.SIGINT)
-    err = follower.stderr.read()
-    follower.wait(timeout=60)
-    reader.join(timeout=10)
-    out = "".join(lines)
-    head["outputs"].append(out + err)
-    assert follower.returncode == 130, out[-2000:] + err
-    assert err.strip().splitlines()[-1] == (f"stopped following {job}; the job keeps running on the cluster "
-                                            f"(stop it with `rayline jobs stop {job}`)"), err
-    assert "Traceback" not in err and "train: started" in out
+    while not all(any("train: started" in line for line in lines) for _, lines, _ in followers.values()) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)  # until both stream
+    for sig, (proc, _, _) in followers.items():
+        proc.send_signal(sig)
+    for sig, (proc, lines, reader) in followers.items():
+        err = proc.stderr.read()
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+        out = "".join(lines)
+        head["outputs"].append(out + err)
+        assert proc.returncode == 130, (sig, out[-2000:] + err)
+        assert err.strip().splitlines()[-1] == (f"stopped following {job}; the job keeps running on the cluster "
+                                                f"(stop it with `rayline jobs stop {job}`)"), (sig, err)
+        assert "Traceback" not in err and "SIGTERM received" not in err and "train: started" in out, (sig, err)
     status = httpx.get(f"http://127.0.0.1:{_DASH}/api/jobs/{job}", headers={"Authorization": f"Bearer {head['token']}"},
                        timeout=30).json()["status"]
     assert status == "RUNNING"
