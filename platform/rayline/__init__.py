@@ -20,8 +20,7 @@ from rayline.errors import (
     TrainingError,
 )
 from rayline.spec import PipelineSpec, load_spec, parse_spec, spec_json_schema
-
-__version__ = "0.1.0"
+from rayline.version import __version__
 
 __all__ = [
     "__version__",

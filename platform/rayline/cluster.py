@@ -223,7 +223,7 @@ def _drop_no_cpus_warning(record) -> bool:
     return "does not have any available CPUs" not in record.getMessage()
 
 
-def _read_record(ws: Workspace) -> dict | None:
+def read_head_record(ws: Workspace) -> dict | None:
     try:
         info = json.loads(ws.cluster_file.read_text())
     except (OSError, ValueError):
@@ -231,9 +231,9 @@ def _read_record(ws: Workspace) -> dict | None:
     return info if isinstance(info, dict) else None
 
 
-def _recorded_head(ws: Workspace) -> str | None:
+def recorded_head(ws: Workspace) -> str | None:
     """The address of the head `cluster up` recorded, once its start has finished."""
-    info = _read_record(ws)
+    info = read_head_record(ws)
     if not info or info.get("state") == "starting":
         return None
     return info.get("address")
@@ -343,7 +343,7 @@ def _match_cluster_auth(address: str) -> None:
 def cluster_address(ws: Workspace, address: str | None = None) -> str | None:
     """The cluster `connect` would join (`address`, RAY_ADDRESS, a `rayline cluster up` head
     recorded in the workspace), or None when it would start an embedded Ray."""
-    return address or os.environ.get("RAY_ADDRESS") or _recorded_head(ws)
+    return address or os.environ.get("RAY_ADDRESS") or recorded_head(ws)
 
 
 def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None = None, verbose: bool = False,
@@ -357,7 +357,7 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
     if ray.is_initialized():
         return Connection(address=None, embedded=False, owned=False)
     quiet_ray()
-    recorded = _recorded_head(ws)
+    recorded = recorded_head(ws)
     address = cluster_address(ws, address)
     if address:
         _match_cluster_auth(address)  # fails fast, one line, when nothing answers there
@@ -365,7 +365,7 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
         quiet_driver_logs()  # after the probe: its imports (Ray Data, Serve: ~0.5 s) wait for an address that answers
     try:
         if address:
-            if address == recorded and (_read_record(ws) or {}).get("loopback"):
+            if address == recorded and (read_head_record(ws) or {}).get("loopback"):
                 _use_loopback_head()
             # A head from `rayline cluster up` already has train_env(); another cluster gets it per job.
             runtime_env = None if address == recorded else {"env_vars": train_env()}
@@ -487,7 +487,7 @@ def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, das
                            "1024-10001 or 20000-65535: Ray's workers use 10002-19999)")
     timeout_s = _start_timeout()
     ws.ensure()
-    record = _read_record(ws)
+    record = read_head_record(ws)
     if record and record.get("state") != "starting" and cluster_status(ws).get("alive"):
         return {**record, "started": False}
     temp_dir = _head_temp_dir(ws)
@@ -665,7 +665,7 @@ def _stop_head(info: dict, grace_s: float = _STOP_GRACE_S) -> list:
 def cluster_down(ws: Workspace, grace_s: float = _STOP_GRACE_S) -> bool:
     """Stop the head `cluster up` started for this workspace, and nothing else; wait until
     every one of its processes is gone (bounded: about 2 x grace_s + 15 s)."""
-    info = _read_record(ws)
+    info = read_head_record(ws)
     if info is None:
         return False
     if not info.get("temp_dir"):
@@ -680,8 +680,8 @@ def cluster_down(ws: Workspace, grace_s: float = _STOP_GRACE_S) -> bool:
 
 
 def cluster_status(ws: Workspace) -> dict:
-    info = _read_record(ws)
-    address = _recorded_head(ws)
+    info = read_head_record(ws)
+    address = recorded_head(ws)
     if not address:
         return {"alive": False, "address": None}
     from rayline.cluster_probe import ClusterUnreachable, probe_gcs

@@ -10,16 +10,14 @@ An artifact directory holds everything serving needs and nothing it has to recom
                          split (rayline/train/probe.py); absent in checkpoints older than it
 
 `Predictor` is what `rayline.load_model` returns and what every Serve replica runs, so
-offline and online predictions are the same code on the same state.
+offline and online predictions are the same code on the same state. It loads the model through
+`rayline.inference`, never through training code; `rayline.artifact` writes the directory.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -29,7 +27,7 @@ import yaml
 from rayline.data.preprocess import FittedPreprocessing
 from rayline.errors import DataError, PredictionError
 
-__all__ = ["Predictor", "write_artifact", "artifact_root", "WEIGHTS_DIR", "META_FILE", "PREPROCESSING_FILE",
+__all__ = ["Predictor", "artifact_root", "WEIGHTS_DIR", "META_FILE", "PREPROCESSING_FILE",
            "PYFUNC_ARTIFACT"]
 
 WEIGHTS_DIR = "weights"
@@ -39,41 +37,6 @@ SPEC_FILE = "spec.yaml"
 # A registered version is an MLflow pyfunc model (rayline/pyfunc.py): its MLmodel names these
 # files as the pyfunc artifact `rayline`, which MLflow copies under `artifacts/`.
 PYFUNC_ARTIFACT = "rayline"
-
-
-def write_artifact(dest: str, *, checkpoint_dir: str, preprocessing: FittedPreprocessing, spec, metrics: dict,
-                   fingerprint: str, versions: dict) -> str:
-    """Assemble an artifact directory at `dest` (written to a temporary name, then renamed)."""
-    from rayline import __version__
-    from rayline.train.loop import MODEL_DIR
-
-    parent = os.path.dirname(os.path.abspath(dest))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".artifact-", dir=parent)
-    shutil.copytree(os.path.join(checkpoint_dir, MODEL_DIR), os.path.join(tmp, WEIGHTS_DIR))
-    from rayline.train.probe import PROBE_FILE
-
-    if os.path.isfile(os.path.join(checkpoint_dir, PROBE_FILE)):  # the training-time probe (rayline/train/probe.py)
-        shutil.copyfile(os.path.join(checkpoint_dir, PROBE_FILE), os.path.join(tmp, PROBE_FILE))
-    preprocessing.save(os.path.join(tmp, PREPROCESSING_FILE))
-    meta = {
-        "name": spec.name,
-        "framework": spec.model.framework,
-        "task": preprocessing.label.task,
-        "metric": spec.resolved_metric(preprocessing.label.task),
-        "metrics": metrics,
-        "data_fingerprint": fingerprint,
-        "versions": {"rayline": __version__, **versions},
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    with open(os.path.join(tmp, META_FILE), "w") as fh:
-        json.dump(meta, fh, indent=1)
-    with open(os.path.join(tmp, SPEC_FILE), "w") as fh:
-        yaml.safe_dump(spec.model_dump(mode="json", by_alias=True, exclude_none=True), fh, sort_keys=False)
-    if os.path.exists(dest):
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
-    return dest
 
 
 def artifact_root(path: str) -> str:
@@ -104,7 +67,7 @@ class Predictor:
     """Raw rows in, predictions in the original label space out."""
 
     def __init__(self, model_dir: str, version: str | None = None):
-        from rayline.train.catalog import load_backend
+        from rayline.inference import framework_env, load_predict
 
         self.model_dir = model_dir  # as given: the downloaded version (either layout)
         files = artifact_root(model_dir)
@@ -112,10 +75,9 @@ class Predictor:
             self.meta: dict[str, Any] = json.load(fh)
         self.version = version
         self.preprocessing = FittedPreprocessing.load(os.path.join(files, PREPROCESSING_FILE))
-        backend = load_backend(self.meta["framework"])
-        for key, value in backend.worker_env().items():
+        for key, value in framework_env(self.meta["framework"]).items():
             os.environ.setdefault(key, value)
-        self._predict = backend.load(os.path.join(files, WEIGHTS_DIR), self.meta)
+        self._predict = load_predict(self.meta["framework"], os.path.join(files, WEIGHTS_DIR), self.meta)
         classes = self.preprocessing.label.classes or []
         self._labels = _plain_list(classes)  # class id -> original label, as JSON scalars
         self._label_names = [str(c) for c in classes]
@@ -189,7 +151,7 @@ class Predictor:
 
     def metric_partials(self, frame: pd.DataFrame):
         """The mergeable statistics of this model's metrics on labelled raw rows (MetricPartials)."""
-        from rayline.train.metrics import MetricPartials
+        from rayline.evaluation import MetricPartials
 
         if not len(frame):  # a block without rows of the split
             return MetricPartials(self.task, len(self.preprocessing.label.classes or []))

@@ -3,7 +3,7 @@
 The registered version's test metrics come from the serving Predictor (compiled preprocessing,
 then the model: the code every Serve replica runs) on the raw test rows. The rows stay in Ray's
 object store: one Ray Data task per block predicts its rows and returns their
-`MetricPartials` (rayline/train/metrics.py), a few KB whatever the block's size; the driver
+`MetricPartials` (rayline/evaluation.py), a few KB whatever the block's size; the driver
 merges them. Nothing in the driver grows with the test split.
 
 The artifact travels as a tar in the object store (a few MB: the weights and the fitted
@@ -32,7 +32,7 @@ def evaluate_rows(artifact_dir: str, rows) -> dict[str, float]:
     import ray
 
     from rayline.model import META_FILE, artifact_root
-    from rayline.train.metrics import MetricPartials
+    from rayline.evaluation import MetricPartials
 
     blob = _pack(artifact_dir)
     partials = rows.map_batches(_block_partials, fn_kwargs={"artifact": ray.put(blob), "digest": hashlib.sha256(blob).hexdigest()},

@@ -137,7 +137,7 @@ def _feature_type(feature) -> str:
     if feature.kind == "boolean":
         return "boolean"  # pd.read_csv gives bool; one-hot categories True/False are the same values
     if feature.kind == "integer":
-        # An integer-valued category matches 1 and 1.0 alike (steps.value_key), so the one-hot
+        # An integer-valued category matches 1 and 1.0 alike (data.values.value_key), so the one-hot
         # encoded ones follow the same rule.
         return "double" if feature.nullable else "long"
     if feature.kind == "number":

@@ -192,7 +192,7 @@ def _unreachable(uri: str) -> str | None:
         return f"{host}:{port} does not answer ({exc.strerror or exc or type(exc).__name__})"
 
 
-def _sqlite_path(uri: str) -> Path | None:
+def sqlite_path(uri: str) -> Path | None:
     """The database file of a `sqlite:///...` URI, else None (in-memory stores have none)."""
     if not uri.startswith("sqlite:///"):
         return None
@@ -237,7 +237,7 @@ class Registry:
         open succeeded on this very file (the marker holds its inode: a deleted and recreated
         mlflow.db is created under the lock again).
         """
-        db = _sqlite_path(self.tracking_uri)
+        db = sqlite_path(self.tracking_uri)
         if db is None:
             yield
             return

@@ -255,13 +255,15 @@ def run_pipeline(
     """
     import ray
 
+    from rayline.artifact import write_artifact
     from rayline.data import prepare_variants
-    from rayline.model import Predictor, write_artifact
+    from rayline.model import Predictor
     from rayline.offline_metrics import evaluate_rows
     from rayline.registry import Registry
     from rayline.resources import plan_resources
-    from rayline.train.catalog import load_backend
-    from rayline.tune import TRIAL_DRIVER_CPUS, TrialOutcome, max_workers, tune_pipeline
+    from rayline.train.backend import load_backend
+    from rayline.tune.clock import max_workers
+    from rayline.tune.sweep import TRIAL_DRIVER_CPUS, TrialOutcome, tune_pipeline
     from rayline.train.run import train
 
     ws.ensure()
@@ -384,7 +386,7 @@ def run_pipeline(
                                trial.result.history if trial.result else [], winner=trial.result is winner,
                                stop_reason=trial.stop_reason, units_trained=trial.units_trained,
                                events=trial.events, family=trial.family)
-        from rayline.leaderboard import family_leaderboard
+        from rayline.tune.leaderboard import family_leaderboard
         from rayline.spec import metric_mode
 
         leaderboard = family_leaderboard(trials, metric, metric_mode(metric)) if spec.tune else []

@@ -149,7 +149,7 @@ def test_the_two_torch_workers_valid_metrics_are_the_whole_splits(digits, test_s
     """Each DDP worker predicted its own share of the valid split; their metric partials, gathered
     over torch.distributed (rayline/train/loop.py), give the registered model's metrics on the
     whole split computed here in one process."""
-    from rayline.train.metrics import compute_metrics
+    from rayline.evaluation import compute_metrics
 
     _, model, _, data = test_split
     valid = data.valid.to_pandas()

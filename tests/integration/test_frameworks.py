@@ -47,7 +47,7 @@ def _assert_valid_metrics_are_the_whole_splits(summary, data, model, rel=1e-5):
     their metric partials are gathered over the framework's collective: rayline/train/loop.py)
     equal the registered model's metrics on the whole split, computed here in one process."""
     from rayline.train.loop import read_state
-    from rayline.train.metrics import compute_metrics
+    from rayline.evaluation import compute_metrics
 
     (trained,) = [t.result for t in summary.trials]
     assert read_state(trained.checkpoint_dir)["epoch"] == trained.metrics["epoch"]  # the registered checkpoint's epoch
@@ -72,7 +72,7 @@ def test_tensorflow_multiworker_end_to_end(ray_session, ws):
     # tensorflow also trains with train.precision bf16 (Keras mixed_bfloat16) and 2 accumulated
     # micro-batches of 16 per step across its 2 MWMS workers: the same effective batch (32) and
     # number of steps as the spec's, so the same bar (r2 > 0.1) holds. The model still loads and
-    # predicts in fp32 in a fresh process, as a Serve replica does (rayline/train/tensorflow_backend.py).
+    # predicts in fp32 in a fresh process, as a Serve replica does (rayline/inference/tensorflow_model.py).
     # lr 0.05: at the spec's 0.01 this 32-unit MLP reached valid r2 ~0.17 in 20 epochs, and its test r2
     # depended on the 35-56 test rows of a split (seed 0: -0.04, seeds 1 and 2: 0.17, 0.14; fp32 the
     # same); at 0.05 it is 0.32-0.36, so the bar below tests the model, not the split's luck.

@@ -313,7 +313,7 @@ def test_run_load_model_and_replica_leave_no_temporary_directories(ray_session, 
     try:
         url = deploy_registered("tmpcheck", summary, ws)  # the replica downloads the version into the cache
     except AssertionError as exc:
-        from rayline.serve.status import deployment_failure
+        from rayline.serve.details import deployment_failure
 
         raise AssertionError(f"{exc}: {deployment_failure('tmpcheck')}") from exc
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200

@@ -89,7 +89,7 @@ def _expected_configs(spec) -> list[dict]:
     from ray.tune.experiment import Experiment
     from ray.tune.search import BasicVariantGenerator
 
-    from rayline.tune import search_space
+    from rayline.tune.sweep import search_space
 
     gen = BasicVariantGenerator(random_state=spec.data.split.seed)
     gen.add_configurations([Experiment(name="expected", run=lambda config: None, config=search_space(spec),
@@ -347,9 +347,9 @@ def test_an_optuna_sweep_restored_draws_what_it_would_have_drawn(tmp_path):
     """Without Ray: tune.search optuna's searcher saved the way Tune saves a sweep's state (and
     restored from it on resume) goes on with the same suggestions as one never interrupted, past
     TPE's 10 random start-up trials (where its model of earlier results decides)."""
-    from rayline.searchers import SEARCHERS
+    from rayline.tune.searchers import SEARCHERS
     from rayline.spec import parse_spec
-    from rayline.tune import search_space
+    from rayline.tune.sweep import search_space
 
     raw = _spec("irisoptuna")
     raw["tune"] = {"search": "optuna", "num_samples": 13, "max_concurrent": 1,

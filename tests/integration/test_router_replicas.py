@@ -1,7 +1,7 @@
 """Every replica of a model's route follows the traffic split (README, "Model versions, canary and
 rollback"): the real Router with two replicas behind Serve's HTTP ingress, holding the digits
 model's versions in-process, the split rewritten in Ray's KV by the driver's own writer
-(`versions._write_table`) and waited for as `versions.deploy` waits (`versions._settle`: until
+(`versions.write_routing_table`) and waited for as `versions.deploy` waits (`versions._settle`: until
 every replica says it loaded and serves the new revision), and every answer checked.
 
 `ROUTE/-/routing` answers from the answering replica's own table, and each prediction names the
@@ -30,9 +30,9 @@ def _replica_requests(app: str) -> Counter:
     import ray
     from prometheus_client.parser import text_string_to_metric_families
 
-    from rayline.serve.status import _serve_details
+    from rayline.serve.details import serve_details
 
-    deployments = (_serve_details()["applications"].get(app) or {}).get("deployments") or {}
+    deployments = (serve_details()["applications"].get(app) or {}).get("deployments") or {}
     running = {r["replica_id"] for d in deployments.values() for r in d.get("replicas") or ()}
 
     found = Counter()
@@ -50,9 +50,9 @@ def _replica_requests(app: str) -> Counter:
 
 def _running_replicas() -> dict:
     """replica id -> pid of the route's RUNNING replicas."""
-    from rayline.serve.status import _serve_details
+    from rayline.serve.details import serve_details
 
-    deployments = (_serve_details()["applications"].get(NAME) or {}).get("deployments") or {}
+    deployments = (serve_details()["applications"].get(NAME) or {}).get("deployments") or {}
     return {r["replica_id"]: r["pid"] for d in deployments.values() for r in d.get("replicas") or ()
             if r.get("state") == "RUNNING"}
 
@@ -139,10 +139,10 @@ def test_every_router_replica_follows_the_split(digits, ws):
     from ray.experimental.internal_kv import _internal_kv_del
 
     from rayline.registry import Registry
-    from rayline.serve.app import deployment_options
+    from rayline.serve.options import deployment_options
     from rayline.serve.router import KV_NAMESPACE, Router, routing_key
     from rayline.spec import ServeSpec
-    from rayline.serve.versions import _ensure_serve, _forget_replicas, _settle, _wait_running, _write_table
+    from rayline.serve.versions import _ensure_serve, _forget_replicas, _settle, _wait_running, write_routing_table
 
     client = Registry(ws).client
     mv = client.get_model_version(NAME, digits.version)
@@ -164,7 +164,7 @@ def test_every_router_replica_follows_the_split(digits, ws):
         for revision, (weights, champion, canary) in enumerate(splits, start=1):
             table = {"model": NAME, "route": ROUTE, "weights": weights, "champion": champion, "canary": canary,
                      "gate": None, "rollout": f"rollout-{revision}", "revision": revision, "serve": {}}
-            _write_table(NAME, table)
+            write_routing_table(NAME, table)
             _settle(table)  # what `rayline serve deploy|promote|rollback` waits before saying the split is live
             seen, versions = Counter(), Counter()
             for _ in range(REQUESTS_PER_SPLIT):

@@ -82,7 +82,7 @@ def test_a_sweep_draws_whole_worker_counts_not_ranges():
 
 
 def test_sweep_resources_are_planned_for_the_elastic_max():
-    from rayline.tune import max_workers
+    from rayline.tune.clock import max_workers
 
     spec = parse_spec(_raw({"workers": {"min": 1, "max": 6}}, tune={"num_samples": 2, "space": {"train.epochs": {"choice": [1, 2]}}}))
     assert max_workers(spec) == 6

@@ -3,7 +3,7 @@
 import pytest
 
 from rayline.spec import parse_spec
-from rayline.tune import TIME_ATTR, asha_settings, largest_draw, max_workers, total_units
+from rayline.tune.clock import TIME_ATTR, asha_settings, largest_draw, max_workers, total_units
 
 
 def _spec(framework="torch", params=None, epochs=8, space=None, scheduler="asha"):
@@ -68,7 +68,7 @@ _RANDINT_DRAWS = {"train.batch_size": {2, 3, 4}, "train.epochs": {5, 6}}
 
 def test_randint_draws_both_bounds_and_nothing_outside():
     """`randint: [2, 4]` draws 2, 3 and 4 from the Tune domain `search_space` builds (random search)."""
-    from rayline.tune import search_space
+    from rayline.tune.sweep import search_space
 
     space = search_space(_spec(space=_RANDINT_SPACE))
     assert _drawn({p: space[p] for p in _RANDINT_DRAWS}) == _RANDINT_DRAWS
@@ -76,8 +76,8 @@ def test_randint_draws_both_bounds_and_nothing_outside():
 
 def test_randint_bounds_inclusive_through_optuna():
     """Optuna's TPE (rayline's searcher, fed search_space as Tune feeds it) suggests both bounds, nothing outside."""
-    from rayline.searchers import SEARCHERS
-    from rayline.tune import search_space
+    from rayline.tune.searchers import SEARCHERS
+    from rayline.tune.sweep import search_space
 
     spec = _spec(space=_RANDINT_SPACE)
     searcher = SEARCHERS["optuna"].build(spec, metric="loss", mode="min", concurrency=1)
@@ -93,7 +93,7 @@ def test_randint_bounds_inclusive_through_optuna():
 
 def test_randint_bounds_inclusive_in_pbt_mutations():
     """PBT resamples a randint path from the domain `Pbt.mutations` builds: both bounds, nothing outside."""
-    from rayline.schedulers import SCHEDULERS
+    from rayline.tune.schedulers import SCHEDULERS
 
     spec = _spec(space={"train.batch_size": {"randint": [2, 4]}}, scheduler="pbt")
     assert _drawn(SCHEDULERS["pbt"].mutations(spec)) == {"train.batch_size": {2, 3, 4}}
@@ -101,7 +101,7 @@ def test_randint_bounds_inclusive_in_pbt_mutations():
 
 def test_randint_inside_a_model_family_draws_both_bounds():
     """A family's own randint (`model: {choice: [...]}`, flattened to model[i].params.<p>) is drawn inclusively too."""
-    from rayline.tune import search_space
+    from rayline.tune.sweep import search_space
 
     xgb = {"framework": "xgboost", "kind": "gbdt", "params": {"max_depth": {"randint": [2, 5]}, "num_boost_round": 20}}
     torch = {"framework": "torch", "kind": "mlp", "params": {}}

@@ -13,7 +13,7 @@ from annotated_types import Ge, Gt, Le, Lt
 from rayline.errors import SpecError
 from rayline.spec import TUNABLE, TrainSpec, largest_value, parse_spec
 from rayline.spec.space import NOT_TUNABLE
-from rayline.train.catalog import BACKENDS
+from rayline.frameworks import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH = yaml.safe_load((ROOT / "pipelines" / "digits-torch.yaml").read_text())

@@ -120,25 +120,25 @@ def test_json_schema_takes_the_bare_name_too():
 
 
 def test_scheduler_defaults_follow_the_units_clock():
-    from rayline.schedulers import SCHEDULERS
-    from rayline.tune import TIME_ATTR
+    from rayline.tune.schedulers import SCHEDULERS
+    from rayline.tune.clock import TIME_ATTR, total_units
 
     spec = parse_spec(_raw(epochs=16, scheduler="median"))
-    median = SCHEDULERS["median"].settings(spec, spec.tune.scheduler.params)
+    median = SCHEDULERS["median"].settings(spec, spec.tune.scheduler.params, total_units(spec))
     assert median == {"time_attr": TIME_ATTR, "grace_period": 1, "min_samples_required": 3, "min_time_slice": 0,
                       "hard_stop": True}
     spec = parse_spec(_raw(epochs=16, scheduler="pbt"))
-    pbt = SCHEDULERS["pbt"].settings(spec, spec.tune.scheduler.params)
+    pbt = SCHEDULERS["pbt"].settings(spec, spec.tune.scheduler.params, total_units(spec))
     assert pbt["time_attr"] == TIME_ATTR and pbt["perturbation_interval"] == 4 and pbt["quantile_fraction"] == 0.25
     spec = parse_spec(_raw(epochs=16, scheduler={"asha": {"grace_period": 2, "reduction_factor": 3}}))
-    asha = SCHEDULERS["asha"].settings(spec, spec.tune.scheduler.params)
+    asha = SCHEDULERS["asha"].settings(spec, spec.tune.scheduler.params, total_units(spec))
     assert asha == {"time_attr": TIME_ATTR, "max_t": 16, "grace_period": 2, "reduction_factor": 3, "brackets": 1}
 
 
 def test_pbt_mutations_come_from_the_space():
     from ray.tune.search.sample import Float, Integer
 
-    from rayline.schedulers import SCHEDULERS
+    from rayline.tune.schedulers import SCHEDULERS
 
     spec = parse_spec(_raw(scheduler="pbt", space={"train.optimizer.lr": {"loguniform": [1e-3, 1e-1]},
                                                   "train.batch_size": {"randint": [16, 64]},
@@ -161,7 +161,7 @@ def test_pbt_mutations_come_from_the_space():
     (dict(error=False, done=False, units_reported=None, stopped_by_scheduler=False, budget_hit=True), "time_budget"),
 ])
 def test_stop_reason(kwargs, reason):
-    from rayline.schedulers import stop_reason
+    from rayline.tune.decisions import stop_reason
 
     assert stop_reason(max_units=8, **kwargs) == reason
 
@@ -170,8 +170,8 @@ def test_stop_reason(kwargs, reason):
 
 
 def _optuna_draws(seed: int, n: int = 4):
-    from rayline.searchers import SEARCHERS
-    from rayline.tune import search_space
+    from rayline.tune.searchers import SEARCHERS
+    from rayline.tune.sweep import search_space
 
     space = {"train.optimizer.lr": {"loguniform": [1e-4, 1e-1]}, "train.batch_size": {"randint": [8, 64]},
              "model.params.hidden_sizes": {"choice": [[32], [64, 32], [128, 64]]},
@@ -195,7 +195,7 @@ def test_optuna_draws_are_reproducible_from_the_seed_and_map_lists_back():
 def test_any_non_primitive_choice_is_drawn_by_index():
     from ray import tune
 
-    from rayline.searchers import decode, encode_space
+    from rayline.tune.searchers import decode, encode_space
 
     families = [{"framework": "torch", "kind": "mlp"}, {"framework": "xgboost", "kind": "gbdt"}]
     encoded, table = encode_space({"model": tune.choice(families), "x": tune.choice([1, "a", None]),
@@ -207,7 +207,7 @@ def test_any_non_primitive_choice_is_drawn_by_index():
 
 
 def test_seed_defaults_to_the_split_seed():
-    from rayline.searchers import search_seed
+    from rayline.tune.searchers import search_seed
 
     assert search_seed(parse_spec(_raw())) == 5
     assert search_seed(parse_spec(_raw(seed=11))) == 11
@@ -217,7 +217,7 @@ def test_seed_defaults_to_the_split_seed():
 
 
 def test_a_restarted_trial_runs_under_a_new_train_run_only_when_it_took_another_trials_checkpoint():
-    from rayline.handoff import run_for
+    from rayline.tune.handoff import run_for
 
     assert run_for("a_00001", None) == ("trial-a_00001", None)
     own = {"trial_id": "a_00001", "run_name": "trial-a_00001-from-a_00000-u2", "train_checkpoint": "/r/x/checkpoint_1",
@@ -228,7 +228,7 @@ def test_a_restarted_trial_runs_under_a_new_train_run_only_when_it_took_another_
 
 
 def test_trial_runs_and_exploits_from_run_names(tmp_path):
-    from rayline.handoff import exploits_from_runs, trial_runs
+    from rayline.tune.handoff import exploits_from_runs, trial_runs
 
     for name in ("trial-a_00001", "trial-a_00001-from-a_00000-u4", "trial-a_00001-from-a_00002-u2", "trial-a_000011",
                  "trial-a_00000"):

@@ -48,7 +48,7 @@ def cache_key(spec, fingerprint: str) -> str:
     """The key of `spec`'s data stage output over data with this fingerprint."""
     import ray
 
-    from rayline import __version__
+    from rayline.version import __version__
 
     payload = {
         "format": CACHE_FORMAT,

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from rayline.data.steps import is_missing
+from rayline.data.values import is_missing
 from rayline.errors import DataError
 
 __all__ = ["Batch", "Layout", "AffineOp", "FillNumericOp", "FillCategoryOp", "OneHotOp", "CompiledTransform", "FLOAT32_MAX"]
@@ -117,7 +117,7 @@ class OneHotOp:
     """One categorical column -> its (n, categories) 0/1 block; a missing value is all zeros."""
 
     def __init__(self, column: str, categories: list, error_on_unknown: bool):
-        from rayline.data.steps import value_key
+        from rayline.data.values import value_key
 
         self.column, self.categories, self.error = column, categories, error_on_unknown
         self.index = {value_key(c): j for j, c in enumerate(categories)}
@@ -164,7 +164,7 @@ def category_codes(values, index: dict, lookup) -> np.ndarray:
     columns (frames: training blocks, batch scoring) through a pandas Index in their own dtype,
     without an object copy; Python's hashing and equality on objects make 1, 1.0 and np.int64(1)
     the same key there, as `value_key` does, and bools and strings stay apart."""
-    from rayline.data.steps import value_key
+    from rayline.data.values import value_key
 
     if isinstance(values, np.ndarray) or lookup is None:
         return np.fromiter((-2 if is_missing(v) else index.get(value_key(v), -1) for v in values), np.int64, len(values))

@@ -24,7 +24,7 @@ from rayline.data.progress import PhaseProgress, materialize
 from rayline.data.profile import MAX_LABEL_VALUES, ProfileRequest, profile_dataset
 from rayline.data.schema_check import infer_task
 from rayline.data.split import HASH_COLUMN, TEST, TRAIN, VALID, AddRowHash, Thresholds
-from rayline.data.steps import value_key, value_rank
+from rayline.data.values import value_key, value_rank
 from rayline.data.sources import fingerprint, read_dataset, unwrap_data_error
 from rayline.errors import DataError
 

@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from rayline.data.compiled import CompiledTransform, lookup_index, category_codes
-from rayline.data.steps import value_key, Step, STEPS, ColumnPlan, check_steps, step_from_state
+from rayline.data.steps import Step, STEPS, ColumnPlan, check_steps, step_from_state
+from rayline.data.values import value_key
 from rayline.errors import DataError
 
 __all__ = ["FeatureInfo", "LabelInfo", "FittedPreprocessing", "column_kind", "fit_preprocessing"]

@@ -19,12 +19,13 @@ a step's `columns` means every numeric feature that no step one-hot encodes.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from rayline.data.values import value_key, value_rank
 
 __all__ = [
     "STEPS",
@@ -38,31 +39,10 @@ __all__ = [
     "check_steps",
     "kind_and_params",
     "step_from_state",
-    "value_key",
-    "value_rank",
-    "is_missing",
     "NUMERIC_KINDS",
 ]
 
 NUMERIC_KINDS = ("integer", "number", "boolean")
-
-
-def value_key(value):
-    """Hashable, type-tolerant key: 1 and 1.0 and np.int64(1) name the same category or class."""
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return value
-
-
-def value_rank(value):
-    """Sort key that orders mixed numbers and strings deterministically."""
-    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
-
-
-def is_missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 class StepParams(BaseModel):

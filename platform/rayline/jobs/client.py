@@ -35,9 +35,9 @@ def resolve_address(address: str | None, ws) -> tuple[str, str]:
         if value and (var == "RAY_API_SERVER_ADDRESS" or value.startswith(("http://", "https://"))):
             return _as_url(value), var
     if ws is not None:
-        from rayline.cluster import _read_record
+        from rayline.cluster import read_head_record
 
-        record = _read_record(ws) or {}
+        record = read_head_record(ws) or {}
         if record.get("dashboard") and record.get("state") != "starting":
             return record["dashboard"].rstrip("/"), f"the head of `rayline cluster up` ({ws.cluster_file})"
     raise ClusterError("no Ray cluster to submit to (allowed: --address http://HEAD:8265, RAY_API_SERVER_ADDRESS or "

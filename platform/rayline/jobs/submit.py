@@ -70,7 +70,7 @@ def job_workspace(explicit: str | None, local_head_ws: Path | None) -> tuple[str
 
 def _raw_spec(spec_path: Path, overrides: dict) -> dict:
     from rayline.spec.loading import read_spec_text
-    from rayline.spec.paths import set_paths
+    from rayline.spec.assign import set_paths
     from rayline.spec.yaml_safe import load_yaml
 
     raw = load_yaml(read_spec_text(spec_path), str(spec_path))

@@ -55,9 +55,9 @@ def open_store(ws):
     A default SQLite store that does not exist yet means the workspace has no runs: opening
     it would create an empty database, so that is an error naming the path instead.
     """
-    from rayline.registry import Registry, _sqlite_path
+    from rayline.registry import Registry, sqlite_path
 
-    db = _sqlite_path(ws.tracking_uri)
+    db = sqlite_path(ws.tracking_uri)
     if db is not None and not db.is_file():
         raise RegistryError(f"report: no MLflow store at {db} (allowed: the workspace of a `rayline run`, "
                             "chosen with --workspace or RAYLINE_WORKSPACE)")

@@ -34,7 +34,7 @@ class ServeAddress:
         return f"http://{host}:{self.port}{route}"
 
 
-def _running_serve_http():
+def running_serve_http():
     """(host, port) of the Serve already running on the connected cluster, else None."""
     try:
         from ray.serve.context import _get_global_client
@@ -75,7 +75,7 @@ def _serve_runs_here() -> bool:
 def serve_address(host: str, port: int) -> ServeAddress:
     """Where Serve will answer once deployed: an already-running Serve's own address, else
     (host, port) after checking that no other process holds that port."""
-    running = _running_serve_http()
+    running = running_serve_http()
     if running is not None:
         if running[1] != port or running[0] not in (host, *_WILDCARD):
             import logging

@@ -12,18 +12,15 @@ and from a Serve config file (`serve deploy serving/digits.yaml`, KubeRay RaySer
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ray import serve
 
 from rayline.errors import ServeError
+from rayline.serve.options import deployment_options, workspace_arg
 
-__all__ = ["ModelServer", "build_app", "deploy", "REFUSAL_HEADROOM"]
+__all__ = ["ModelServer", "build_app", "deploy"]
 
-# Requests past running + waiting that Ray still hands to a replica, so the app (not Ray)
-# is the one refusing them, with a JSON body.
-REFUSAL_HEADROOM = 16
 
 
 @serve.deployment(max_ongoing_requests=64, health_check_period_s=10)
@@ -105,49 +102,10 @@ def build_app(args: dict[str, Any]):
     return ModelServer.options(**options).bind(
         args["name"],
         version,
-        _workspace_arg(args.get("workspace")),
+        workspace_arg(args.get("workspace")),
         args.get("tracking_uri"),
         settings,
     )
-
-
-def deployment_options(spec, framework, name: str) -> dict:
-    """Serve deployment options of a replica serving a model under ServeSpec `spec`: its
-    resources, the framework's worker environment, autoscaling, and Ray's request limits
-    (the version's own replicas and the model's route replicas alike)."""
-    from rayline.train.catalog import backend_info, load_backend
-
-    env = {}
-    if framework:
-        env = load_backend(framework).worker_env() if backend_info(framework) else {}
-    replicas, resources = spec.replicas, spec.resources_per_replica
-    actor_options: dict[str, Any] = {"num_cpus": resources.cpus}
-    if resources.gpus:
-        actor_options["num_gpus"] = resources.gpus
-    if env:
-        actor_options["runtime_env"] = {"env_vars": env}
-    return {
-        "name": name,
-        "autoscaling_config": {
-            "min_replicas": replicas.min,
-            "initial_replicas": max(1, replicas.min),
-            "max_replicas": replicas.max,
-            "target_ongoing_requests": replicas.target_ongoing_requests,
-            "upscale_delay_s": replicas.upscale_delay_s,
-            "downscale_delay_s": replicas.downscale_delay_s,
-            "look_back_period_s": replicas.look_back_period_s,
-        },
-        "ray_actor_options": actor_options,
-        # Ray lets running + waiting requests into a replica, plus room for the ones to refuse;
-        # the app's AdmissionLimit (limits.py) runs max_ongoing of them, holds max_queued and
-        # answers the rest with a JSON 429 + Retry-After in microseconds. Ray's own queue limit
-        # would answer first, with its plain-text body (seen in the 429 test), so it is off: a
-        # request Ray holds back waits only until the app has refused the ones ahead of it.
-        "max_ongoing_requests": spec.max_ongoing_requests + max(spec.max_queued_requests, 0) + REFUSAL_HEADROOM,
-        "max_queued_requests": -1,
-        # A stopping replica takes no new requests and waits this long for its in-flight ones.
-        "graceful_shutdown_timeout_s": spec.drain_timeout_s,
-    }
 
 
 def _resolved_version(args: dict) -> str:
@@ -160,15 +118,7 @@ def _resolved_version(args: dict) -> str:
     from rayline.registry import Registry
     from rayline.workspace import workspace as make_workspace
 
-    return Registry(make_workspace(_workspace_arg(args.get("workspace")), args.get("tracking_uri"))).resolve(args["name"]).version
-
-
-def _workspace_arg(value):
-    """A path is made absolute where the app is built (replicas start elsewhere); an s3:// or
-    gs:// workspace is passed on as written."""
-    if not value:
-        return None
-    return str(value) if "://" in str(value) else os.path.abspath(value)
+    return Registry(make_workspace(workspace_arg(args.get("workspace")), args.get("tracking_uri"))).resolve(args["name"]).version
 
 
 def deploy(spec, version: str, ws, host: str, port: int) -> str:
@@ -191,20 +141,20 @@ def deploy(spec, version: str, ws, host: str, port: int) -> str:
         "framework": spec.model.framework,
         **serve_spec.model_dump(exclude={"route"}),
     }
-    _wait_for_replica_resources(spec.name, serve_spec.resources_per_replica.cpus, max(1, serve_spec.replicas.min))
+    wait_for_replica_resources(spec.name, serve_spec.resources_per_replica.cpus, max(1, serve_spec.replicas.min))
     try:
         if not address.existing:
             serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(args), name=spec.name, route_prefix=spec.route, blocking=False)
     except Exception as exc:
-        from rayline.serve.status import deployment_failure  # Serve's own message hides the replica's error
+        from rayline.serve.details import deployment_failure  # Serve's own message hides the replica's error
 
         reason = deployment_failure(spec.name) or str(exc).strip().splitlines()[-1]
         raise ServeError(f"deploying {spec.name} v{version} at {spec.route} failed: {reason}") from exc
     return address.url(spec.route, host)
 
 
-def _wait_for_replica_resources(name: str, cpus: float, replicas: int, timeout_s: float = 60.0) -> None:
+def wait_for_replica_resources(name: str, cpus: float, replicas: int, timeout_s: float = 60.0) -> None:
     """Fail fast, naming the resource, instead of letting Serve wait forever for CPUs."""
     import time
 

@@ -152,14 +152,14 @@ def build_router_app(args: dict[str, Any]):
         raise ServeError(f"build_router_app args.champion: a registered version number (got {champion!r})")
     from ray.experimental.internal_kv import _internal_kv_get
 
-    from rayline.serve.versions import _write_table
+    from rayline.serve.versions import write_routing_table
 
     raw = _internal_kv_get(routing_key(name), namespace=KV_NAMESPACE)
     old = json.loads(raw) if raw else {}
     table = {"model": name, "route": str(args["route"]), "weights": {champion: 100}, "champion": champion,
              "canary": None, "gate": None, "rollout": uuid.uuid4().hex[:12], "revision": int(old.get("revision") or 0) + 1,
              "serve": settings}
-    _write_table(name, table)  # as `rayline serve deploy` writes it: a new rollout drops an old gate decision
+    write_routing_table(name, table)  # as `rayline serve deploy` writes it: a new rollout drops an old gate decision
     if args.get("workspace") or args.get("tracking_uri"):
         _record_champion(name, champion, str(args["route"]), args)
     return build_router(name, workspace=args.get("workspace"), tracking_uri=args.get("tracking_uri"),
@@ -207,15 +207,15 @@ def _record_champion(name: str, champion: str, route: str, args: dict) -> None:
     history that `rayline serve rollback` walks back), no canary, and the deployment on the
     version's record (`rayline models show`)."""
     from rayline.registry import Registry
-    from rayline.serve.app import _workspace_arg
-    from rayline.serve.versions import _history, _set_champion, record_deployment
+    from rayline.serve.options import workspace_arg
+    from rayline.serve.versions import champion_history, set_champion, record_deployment
     from rayline.workspace import workspace as make_workspace
 
-    registry = Registry(make_workspace(_workspace_arg(args.get("workspace")), args.get("tracking_uri")))
+    registry = Registry(make_workspace(workspace_arg(args.get("workspace")), args.get("tracking_uri")))
     registry.resolve(name, champion)  # an unknown version fails the build, naming it
     old = registry.alias_version(name, "champion")
     if old != champion:
-        _set_champion(registry, name, champion, old, _history(registry, name))
+        set_champion(registry, name, champion, old, champion_history(registry, name))
     if registry.alias_version(name, "canary"):
         registry.delete_alias(name, "canary")
     record_deployment(registry, name, champion, action="config", role="champion", percent=100, route=route)

@@ -274,7 +274,7 @@ def _passed(request: Request) -> list:
 def build_oip_app(apps: ServeApps, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The V2 routes as a FastAPI app, relative to the `/v2` route prefix. `max_body_bytes`: the
     largest inference body read (a model's own V2 application passes its serve.max_body_bytes)."""
-    from rayline import __version__
+    from rayline.version import __version__
     from rayline.serve.limits import BodyTooLarge, read_body
 
     app = FastAPI(title="rayline Open Inference Protocol (KServe V2)", version=__version__, docs_url=None, redoc_url=None)

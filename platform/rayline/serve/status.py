@@ -14,13 +14,13 @@ Also `deployment_failure(app)`: the rayline error a failed replica constructor r
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from rayline.errors import ServeError
+from rayline.serve.details import serve_details
 
-__all__ = ["AppStatus", "ServeStatusReport", "connect_existing", "gather_status", "scrape_model_metrics", "deployment_failure"]
+__all__ = ["AppStatus", "ServeStatusReport", "connect_existing", "gather_status", "scrape_model_metrics"]
 
 
 def connect_existing(ws, address: Optional[str] = None):
@@ -32,9 +32,9 @@ def connect_existing(ws, address: Optional[str] = None):
     """
     import os
 
-    from rayline.cluster import _recorded_head, connect
+    from rayline.cluster import recorded_head, connect
 
-    address = address or os.environ.get("RAY_ADDRESS") or _recorded_head(ws) or "auto"
+    address = address or os.environ.get("RAY_ADDRESS") or recorded_head(ws) or "auto"
     return connect(ws, address)
 
 
@@ -122,19 +122,10 @@ def scrape_model_metrics(timeout_s: float = 3.0) -> tuple[dict[str, dict], Optio
     return per_app, note
 
 
-def _serve_details() -> dict:
-    from ray.serve.context import _get_global_client
-
-    client = _get_global_client(raise_if_no_controller_running=False)
-    if client is None:  # Serve was never started on this cluster
-        return {"applications": {}}
-    return client.get_serve_details()
-
-
 def gather_status(name: Optional[str] = None, *, with_metrics: bool = True, ws=None) -> ServeStatusReport:
     """The Serve applications of the connected cluster (or only `name`), with replica counts,
     autoscaling bounds and, from the metrics export, model, versions and request counts."""
-    apps = _serve_details().get("applications") or {}
+    apps = serve_details().get("applications") or {}
     if name is not None and name not in apps:
         running = ", ".join(sorted(apps)) or "none"
         raise ServeError(f"no Serve application named {name!r} on this cluster (got {name!r}; running: {running})")
@@ -181,23 +172,3 @@ def gather_status(name: Optional[str] = None, *, with_metrics: bool = True, ws=N
 def _text(value) -> str:
     """An enum from Serve's details (ApplicationStatus.RUNNING) as its value ("RUNNING")."""
     return str(getattr(value, "value", value))
-
-
-_RAYLINE_ERROR = re.compile(r"^rayline\.errors\.\w+: (.+)$", re.MULTILINE)
-
-
-def deployment_failure(app_name: str) -> Optional[str]:
-    """The message of the rayline error that failed `app_name`'s replicas, if one did."""
-    try:
-        from ray import serve
-
-        app = serve.status().applications.get(app_name)
-    except Exception:
-        return None
-    if app is None:
-        return None
-    for dep in app.deployments.values():
-        found = _RAYLINE_ERROR.findall(dep.message or "")
-        if found:
-            return found[-1]
-    return None

@@ -67,7 +67,7 @@ def _kv_get(key: bytes) -> Optional[dict]:
     return json.loads(raw) if raw else None
 
 
-def _write_table(name: str, table: dict) -> None:
+def write_routing_table(name: str, table: dict) -> None:
     from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
 
     from rayline.serve.router import KV_NAMESPACE, gate_key, routing_key
@@ -150,9 +150,9 @@ def _registry(ws):
 def _ensure_serve(host: str, port: int):
     from ray import serve
 
-    from rayline.serve.address import ServeAddress, _running_serve_http, serve_address
+    from rayline.serve.address import ServeAddress, running_serve_http, serve_address
 
-    running = _running_serve_http()
+    running = running_serve_http()
     if running is not None:  # the cluster's Serve answers where it already does
         return ServeAddress(running[0], running[1], existing=True)
     address = serve_address(host, port)
@@ -165,7 +165,7 @@ def _start_version(name: str, version: str, route: str, settings: dict, ws, fram
     """Application NAME-vN, answering, unless it already runs."""
     from ray import serve
 
-    from rayline.serve.app import _wait_for_replica_resources, build_app
+    from rayline.serve.app import wait_for_replica_resources, build_app
 
     app = version_app(name, version)
     current = _apps().get(app)
@@ -176,12 +176,12 @@ def _start_version(name: str, version: str, route: str, settings: dict, ws, fram
     from rayline.spec import ServeSpec
 
     spec = ServeSpec.model_validate(settings)
-    _wait_for_replica_resources(app, spec.resources_per_replica.cpus, max(1, spec.replicas.min))
+    wait_for_replica_resources(app, spec.resources_per_replica.cpus, max(1, spec.replicas.min))
     created.append(app)
     try:
         serve.run(build_app(args), name=app, route_prefix=version_route(route, version), blocking=False)
     except Exception as exc:
-        from rayline.serve.status import deployment_failure
+        from rayline.serve.details import deployment_failure
 
         reason = deployment_failure(app) or str(exc).strip().splitlines()[-1]
         _delete([app])
@@ -249,7 +249,7 @@ def _wait_running(names: list, timeout_s: float = 120.0) -> None:
             if status == "RUNNING":
                 waiting.remove(app)
             elif status in ("DEPLOY_FAILED", "UNHEALTHY"):
-                from rayline.serve.status import deployment_failure
+                from rayline.serve.details import deployment_failure
 
                 raise ServeError(f"Serve application {app} failed to start: "
                                  f"{deployment_failure(app) or getattr(apps[app], 'message', '') or status}")
@@ -299,9 +299,9 @@ def _running_route_replicas(name: str) -> set[str]:
     """Ids of the RUNNING replicas of the model's route and of its own V2 application (both follow
     the split). Ids, not a count: a replica being replaced may still ack the new split as it goes."""
     from rayline.serve.router import oip_app
-    from rayline.serve.status import _serve_details
+    from rayline.serve.details import serve_details
 
-    apps = _serve_details().get("applications") or {}
+    apps = serve_details().get("applications") or {}
     running = set()
     for app_name in (name, oip_app(name)):
         deployment = ((apps.get(app_name) or {}).get("deployments") or {}).get(f"{name}-router") or {}
@@ -334,7 +334,7 @@ def _settle(table: dict, timeout_s: float = 120.0) -> None:
         time.sleep(POLL_S / 2)
 
 
-def _history(registry, name: str) -> list:
+def champion_history(registry, name: str) -> list:
     with registry._guard(f"read tags of model {name!r}"):
         tags = registry.client.get_registered_model(name).tags or {}
     try:
@@ -343,7 +343,7 @@ def _history(registry, name: str) -> list:
         return []
 
 
-def _set_champion(registry, name: str, new: str, old: Optional[str], history: list) -> None:
+def set_champion(registry, name: str, new: str, old: Optional[str], history: list) -> None:
     """Alias champion -> new; the old champion goes on the history (alias previous-champion)."""
     if old and old != new:
         history = [*history, old]
@@ -410,7 +410,7 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
     if percent:
         _start_version(name, champion, route, settings, ws, mv.framework, created)  # a champion whose app was removed
     rollout = uuid.uuid4().hex[:12]
-    history = _history(registry, name)
+    history = champion_history(registry, name)
     if percent:
         weights = {champion: 100 - percent, version: percent}
         new = {"champion": champion, "canary": version, "gate": gate}
@@ -420,14 +420,14 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
     else:
         weights = {version: 100}
         new = {"champion": version, "canary": None, "gate": None}
-        _set_champion(registry, name, version, champion, history)
+        set_champion(registry, name, version, champion, history)
         if registry.alias_version(name, "canary"):
             registry.delete_alias(name, "canary")
         message = f"model {name}: version {version} is the champion with 100% of traffic at {route}" + (
             f" (was version {champion})" if champion and champion != version else "")
     table = {"model": name, "route": route, "weights": weights, **new, "rollout": rollout,
              "revision": int((table or {}).get("revision") or 0) + 1, "serve": settings}
-    _write_table(name, table)
+    write_routing_table(name, table)
     if name not in early:
         _start_router(name, route, router_args, _apps(), created)
     _wait_running(early)
@@ -464,12 +464,12 @@ def promote(name: str, *, ws) -> Rollout:
                          f"rayline serve deploy {name} --version N --canary PERCENT first)")
     registry = _registry(ws)
     old = table["champion"]
-    _set_champion(registry, name, canary, old, _history(registry, name))
+    set_champion(registry, name, canary, old, champion_history(registry, name))
     registry.delete_alias(name, "canary")
     new = {**table, "weights": {canary: 100}, "champion": canary, "canary": None, "gate": None,
            "rollout": uuid.uuid4().hex[:12], "revision": table["revision"] + 1}
     new.pop("rolled_back", None)
-    _write_table(name, new)
+    write_routing_table(name, new)
     _settle(new)
     record_deployment(registry, name, canary, action="promote", role="champion", percent=100, route=table["route"])
     return Rollout(name, table["route"], canary, None, new["weights"],
@@ -488,7 +488,7 @@ def rollback(name: str, *, ws) -> Rollout:
         registry.delete_alias(name, "canary")
         message = f"model {name}: canary version {canary} rolled back; version {champion} (champion) has 100% of traffic"
     else:
-        history = [v for v in _history(registry, name) if v != champion]
+        history = [v for v in champion_history(registry, name) if v != champion]
         if not history:
             raise ServeError(f"model {name}: nothing to roll back to (champion is version {champion}, no canary is live "
                              f"and no previous champion is recorded; allowed: rayline serve deploy {name} --version N)")
@@ -504,7 +504,7 @@ def rollback(name: str, *, ws) -> Rollout:
             registry.delete_alias(name, "previous-champion")
         new.update(weights={previous: 100}, champion=previous)
         message = f"model {name}: rolled back to version {previous} (champion, 100% of traffic; was version {champion})"
-    _write_table(name, new)
+    write_routing_table(name, new)
     _settle(new)
     if not canary:  # the previous champion has the route again (a canary's rollback leaves the champion as it was)
         record_deployment(registry, name, new["champion"], action="rollback", role="champion", percent=100,

@@ -39,7 +39,8 @@ from rayline.spec.models import (
 )
 from rayline.spec.overrides import apply_overrides, parse_set_options
 from rayline.spec.problems import Problem, SpecProblem
-from rayline.spec.space import TUNABLE, largest_value
+from rayline.spec.distributions import largest_value
+from rayline.spec.space import TUNABLE
 
 __all__ = [
     "PipelineSpec",

@@ -15,11 +15,12 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from rayline.data.steps import STEP_SPEC_MODELS, STEPS
 from rayline.spec.problems import Problem, SpecProblem, problem, short
-from rayline.schedulers import (SCHEDULER_SPEC_MODELS, SchedulerField, check_scheduler, parse_scheduler,
+from rayline.tune.schedulers import (SCHEDULER_SPEC_MODELS, SchedulerField, check_scheduler, parse_scheduler,
                                 scheduler_json_schema)
-from rayline.searchers import SEARCH_NAMES
-from rayline.spec.space import check_distributions, check_grid, check_space
-from rayline.train.catalog import BACKENDS
+from rayline.tune.searchers import SEARCH_NAMES
+from rayline.spec.distributions import check_distributions
+from rayline.spec.space import check_grid, check_space
+from rayline.frameworks import BACKENDS
 
 __all__ = [
     "PipelineSpec",

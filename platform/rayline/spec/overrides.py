@@ -5,22 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from rayline.errors import SpecError
-from rayline.spec.loading import parse_spec
 from rayline.spec.models import PipelineSpec
-from rayline.spec.paths import set_paths
-from rayline.spec.problems import Problem, SpecProblem
+from rayline.spec.assign import with_overrides
+from rayline.spec.problems import Problem
 
 __all__ = ["apply_overrides", "parse_set_options"]
 
 
 def apply_overrides(spec: PipelineSpec, overrides: dict[str, Any]) -> PipelineSpec:
     """A copy of `spec` with each dotted path set to its value, validated again."""
-    raw = spec.model_dump(by_alias=True, exclude_none=True)
-    try:
-        set_paths(raw, overrides)
-    except SpecProblem as exc:
-        raise SpecError(list(exc.problems), "overrides") from exc
-    return parse_spec(raw, source="overrides")
+    return with_overrides(spec, overrides, "overrides")
 
 
 def parse_set_options(items: list[str]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ A location is a tuple of segments, as pydantic reports them: a `str` is a mappin
 
 from __future__ import annotations
 
-import copy
 import re
 import types
 import typing
@@ -16,7 +15,7 @@ from typing import Any, Iterable, Union
 from pydantic import BaseModel, Tag
 from pydantic.fields import FieldInfo
 
-__all__ = ["Segment", "dotted", "field_named", "unwrap", "model_members", "union_tags", "walk", "allowed_keys", "parse_dotted", "set_paths"]
+__all__ = ["Segment", "dotted", "field_named", "unwrap", "model_members", "union_tags", "walk", "allowed_keys", "parse_dotted"]
 
 Segment = Union[str, int]
 
@@ -179,40 +178,3 @@ def parse_dotted(path: str) -> list[Segment]:
         elif not name:
             out.append(part)
     return out
-
-
-def set_paths(raw: dict, overrides: dict[str, Any]) -> None:
-    """Set each dotted path of `overrides` in the raw spec mapping, creating mappings on the way.
-
-    `[i]` segments index an existing list item (never create one). Raises SpecProblem naming
-    the override when a parent on the way is not a mapping (or not a list, for an index).
-    """
-    from rayline.spec.problems import problem  # problems.py imports this module
-
-    for path, value in overrides.items():
-        node: Any = raw
-        keys = parse_dotted(path)
-        *parents, leaf = keys
-        for depth, p in enumerate(keys):
-            last = depth == len(keys) - 1
-            where = dotted(keys[:depth]) or "the spec"
-            if isinstance(p, int):
-                if not isinstance(node, list):
-                    raise problem((path,), f"{where} is not a list, so it has no item [{p}]", got=repr(node))
-                if p >= len(node):
-                    raise problem((path,), f"{where} has no item [{p}]", got=f"{len(node)} items",
-                                  allowed=f"[0] to [{len(node) - 1}]" if node else "none")
-                if last:
-                    node[p] = copy.deepcopy(value)
-                else:
-                    node = node[p]
-                continue
-            if not isinstance(node, dict):
-                raise problem((path,), f"{where} is not a mapping, so it has no key {p!r}", got=repr(node))
-            if last:
-                node[p] = copy.deepcopy(value)
-            else:
-                node = node.setdefault(p, {}) if not isinstance(keys[depth + 1], int) else node.get(p)
-                if node is None:
-                    raise problem((path,), f"{dotted(keys[:depth + 1])} is not set, so it has no item [{keys[depth + 1]}]",
-                                  got="nothing")

@@ -183,8 +183,7 @@ def check_families(spec, dist: Any) -> list[Problem]:
     Each family is checked as the whole spec would be with it (framework against the
     accelerators asked for, kind, parameter names), and each sub-space distribution's shape.
     """
-    from rayline.spec.models import PipelineSpec
-    from rayline.spec.space import check_distributions
+    from rayline.spec.distributions import check_distributions
 
     at = ("tune", "space", FAMILY_KEY)
     if not is_distribution(dist) or next(iter(dist)) not in ("choice", "grid"):
@@ -226,9 +225,9 @@ def check_families(spec, dist: Any) -> list[Problem]:
         # The family as a whole spec: its sub-space parameters take their first draw for the check.
         sample = {k: (_values(v)[0] if is_distribution(v) else v) for k, v in params.items()}
         try:
-            PipelineSpec.model_validate({**raw, "model": {**option, "params": sample}})
+            type(spec).model_validate({**raw, "model": {**option, "params": sample}})
         except Exception as exc:  # noqa: BLE001 - reported as this family's problems
-            problems.extend(_family_problems(exc, where))
+            problems.extend(_family_problems(exc, where, type(spec)))
         label = family_label(option)
         if label in seen:
             problems.append(Problem(where, "the same model family twice: put both settings in one family's "
@@ -237,14 +236,13 @@ def check_families(spec, dist: Any) -> list[Problem]:
     return problems
 
 
-def _family_problems(exc: Exception, where: tuple) -> list[Problem]:
+def _family_problems(exc: Exception, where: tuple, spec_model) -> list[Problem]:
+    """The problems of one family's spec (`spec_model`: the spec's own model class)."""
+    from rayline.spec.paths import dotted
     from rayline.spec.problems import from_validation_error
 
-    from rayline.spec.models import PipelineSpec
-    from rayline.spec.paths import dotted
-
     try:
-        problems = from_validation_error(exc, PipelineSpec)
+        problems = from_validation_error(exc, spec_model)
     except Exception:  # noqa: BLE001 - not a ValidationError: its first line
         return [Problem(where, str(exc).splitlines()[0])]
     out = []
@@ -261,7 +259,7 @@ def _family_problems(exc: Exception, where: tuple) -> list[Problem]:
 def check_data_path(spec, path: str, dist: Any) -> list[Problem]:
     """`tune.space.data.preprocess...`: discrete values, each giving a valid spec."""
     from rayline.errors import SpecError
-    from rayline.spec.overrides import apply_overrides
+    from rayline.spec.assign import with_overrides
 
     at = ("tune", "space", path)
     ((kind, values),) = dist.items()
@@ -275,7 +273,7 @@ def check_data_path(spec, path: str, dist: Any) -> list[Problem]:
     base = spec.model_copy(update={"tune": None})
     for value in values:
         try:
-            apply_overrides(base, {path: value})
+            with_overrides(base, {path: value})
         except SpecError as exc:
             detail = "; ".join(str(p) for p in exc.details)[:400]
             return [Problem(at, f"{kind} value {value!r} makes an invalid spec: {detail}")]

@@ -1,24 +1,18 @@
 """The one interface every framework implements; the rest of rayline never branches on framework names.
 
 A backend builds the model, runs the per-worker train loop (through `loop.EpochReporter`
-for checkpoints, metrics and resume), creates the Ray Train trainer, and loads a saved
-model for prediction. Adding a framework means one module with a `BACKEND` object and one
-entry in `catalog.BACKENDS`.
+for checkpoints, metrics and resume) and creates the Ray Train trainer. Loading a saved model
+for prediction is the framework's other half, in `rayline.inference` (serving imports nothing
+from here). Adding a framework means one module here with a `BACKEND` object, its inference
+module, and one entry in `rayline.frameworks.BACKENDS` naming both.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
 from abc import ABC, abstractmethod
-from typing import Any, Callable
 
-import numpy as np
-
-__all__ = ["Backend", "Predict", "import_callable", "build_from_arch"]
-
-# features (n, d) float32 -> class probabilities (n, classes) or values (n,)
-Predict = Callable[[np.ndarray], np.ndarray]
+__all__ = ["Backend", "load_backend"]
 
 
 class Backend(ABC):
@@ -45,51 +39,26 @@ class Backend(ABC):
             dataset_config=dataset_config,
         )
 
-    @abstractmethod
-    def load(self, model_dir: str, meta: dict) -> Predict:
-        """Load a saved model directory; return a batch predict function."""
-
     def versions(self) -> dict[str, str]:
         """Framework package versions recorded in the model artifact."""
         return {}
 
     def worker_env(self) -> dict[str, str]:
-        """Environment variables the training workers and serving replicas need."""
-        return {}
+        """Environment variables the training workers need (the framework's `rayline.inference` module's
+        ENV: the same for serving replicas)."""
+        from rayline.inference import framework_env
+
+        return framework_env(self.name)
 
     def total_units(self, model_params: dict, epochs: int) -> int:
-        """Units of training a run does at most: ASHA's clock (`tune.asha_settings`).
+        """Units of training a run does at most (rayline.frameworks.total_units: epochs, or xgboost's rounds)."""
+        from rayline.frameworks import total_units
 
-        Epochs by default; a backend that trains in other units (xgboost: boosting rounds)
-        says how many its parameters give.
-        """
-        return epochs
+        return total_units(self.name, model_params, epochs)
 
 
-def import_callable(ref: str, search_paths: list[str]) -> Callable[..., Any]:
-    """Import 'module.path:callable', looking in `search_paths` as well as sys.path."""
-    for path in reversed(search_paths):
-        if path and path not in sys.path:
-            sys.path.insert(0, path)
-    module_name, _, attr = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        from rayline.errors import SpecError
+def load_backend(framework: str) -> Backend:
+    """Import the training backend module for `framework` (rayline.frameworks) and return its `BACKEND`."""
+    from rayline.frameworks import BACKENDS
 
-        raise SpecError([f"model.import: cannot import module {module_name!r} ({exc}; searched {search_paths})"]) from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError as exc:
-        from rayline.errors import SpecError
-
-        raise SpecError([f"model.import: module {module_name!r} has no attribute {attr!r}"]) from exc
-
-
-def build_from_arch(arch: dict, builtin: Callable[..., Any]):
-    """The model `arch` describes: `model.import`'s callable if set, else the backend's `builtin`,
-    called as (num_features, num_outputs, **model.params)."""
-    model_spec = arch["model"]
-    factory = import_callable(model_spec["import"], arch.get("search_paths", [])) if model_spec.get("import") else builtin
-    return factory(arch["num_features"], arch["num_outputs"], **model_spec.get("params", {}))
-
+    return importlib.import_module(BACKENDS[framework].module).BACKEND

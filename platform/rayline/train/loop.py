@@ -129,7 +129,7 @@ def eval_chunks(rows: int, most: int, chunk: int) -> list[slice]:
 
 
 def combine_metrics(part, rank: int, world: int, allreduce_sum: Callable) -> dict:
-    """The metrics of every worker's rows: each worker's MetricPartials (rayline/train/metrics.py)
+    """The metrics of every worker's rows: each worker's MetricPartials (rayline/evaluation.py)
     gathered to all workers over the training collective, merged in rank order, so every worker
     gets the same numbers, equal to the metrics of all rows in one process.
 
@@ -180,7 +180,7 @@ class EpochReporter:
 
     def __init__(self, initial_checkpoint: str | None = None):
         """`initial_checkpoint`: where a new run starts (a Train checkpoint's path or URI) when
-        Ray Train has no checkpoint of this run to restore (PBT's exploit: rayline.handoff)."""
+        Ray Train has no checkpoint of this run to restore (PBT's exploit: rayline.tune.handoff)."""
         import ray.train
 
         self._train = ray.train

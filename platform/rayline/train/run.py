@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from rayline.errors import InterruptedRun, TrainingError
 from rayline.resources import ResourcePlan
-from rayline.spec import PipelineSpec, metric_mode
-from rayline.train.catalog import load_backend
+from rayline.spec.models import PipelineSpec, metric_mode
+from rayline.train.backend import load_backend
 from rayline.storage import join, list_names, read_json
 from rayline.train.loop import read_state
 
@@ -88,7 +88,7 @@ def train(
     """Train `spec` on `data` with Ray Train; return the best checkpoint by the spec's metric.
 
     `initial_checkpoint`: a Train checkpoint (path or URI) that a NEW run starts from (weights
-    and optimizer state; PBT's exploit, rayline.handoff); a run that has checkpoints of its
+    and optimizer state; PBT's exploit, rayline.tune.handoff); a run that has checkpoints of its
     own restores its latest instead. `keep_all_checkpoints`: keep every checkpoint, not only
     the best and the latest (another trial may still start from one: PBT)."""
     import ray.train

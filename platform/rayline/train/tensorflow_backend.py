@@ -22,73 +22,20 @@ import os
 
 import numpy as np
 
-from rayline.train.backend import Backend, Predict, build_from_arch
+from rayline.inference.arch import ARCH_FILE
+from rayline.inference.tensorflow_model import (PREDICT_BATCH, WEIGHTS_FILE, build_model, emits_probabilities, load_npz,
+                                                 use_legacy_keras)
+from rayline.inference.tensorflow_model import outputs as model_outputs
+from rayline.train.backend import Backend
 from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, eval_chunks, own_valid_rows, sha256_of,
                                 with_last)
-from rayline.train.metrics import MetricPartials, softmax
+from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
 from rayline.train.tf_steps import TfSteps, make_strategy
 
-__all__ = ["TensorflowBackend", "BACKEND", "build_mlp"]
+__all__ = ["TensorflowBackend", "BACKEND"]
 
-_WEIGHTS = "weights.npz"
 _OPTIMIZER = "optimizer.npz"
-_ARCH = "arch.json"
-_ENV = {"TF_USE_LEGACY_KERAS": "1"}
-_PREDICT_BATCH = 8192
-
-
-def _use_legacy_keras() -> None:
-    """tf.keras must mean tf-keras (Keras 2); set before tensorflow is imported."""
-    os.environ.update(_ENV)
-
-
-def build_mlp(num_features: int, num_outputs: int, hidden_sizes=(128, 64), dropout: float = 0.0):
-    """Dense+ReLU(+Dropout) layers and a linear output layer, as torch_backend.build_mlp."""
-    import tf_keras as keras
-
-    layers: list = [keras.Input(shape=(num_features,))]
-    for size in hidden_sizes:
-        layers.append(keras.layers.Dense(int(size), activation="relu"))
-        if dropout:
-            layers.append(keras.layers.Dropout(float(dropout)))
-    layers.append(keras.layers.Dense(num_outputs))
-    return keras.Sequential(layers)
-
-
-def _build(arch: dict):
-    """Build the model of `arch` (call inside a strategy scope when training) with its variables."""
-    import tensorflow as tf
-    import tf_keras as keras
-
-    from rayline.errors import SpecError
-
-    model_spec = arch["model"]
-    model = build_from_arch(arch, build_mlp)
-    if not isinstance(model, keras.Model):
-        raise SpecError(
-            [f"model.import: {model_spec.get('import')} returned {type(model).__name__} (allowed: a Keras model (tf_keras.Model))"]
-        )
-    out = model(tf.zeros((1, arch["num_features"]), tf.float32), training=False)  # creates the variables
-    width = int(np.prod(out.shape[1:])) if len(out.shape) > 1 else 1
-    if width != arch["num_outputs"]:
-        raise SpecError(
-            [f"model.import: {model_spec.get('import')} outputs {width} values per row "
-             f"(allowed: {arch['num_outputs']}, one per class, or 1 for regression)"]
-        )
-    return model
-
-
-def _emits_probabilities(model) -> bool:
-    """Whether the model's last layer already applies softmax (else its outputs are logits)."""
-    import tf_keras as keras
-
-    if not getattr(model, "layers", None):
-        return False
-    last = model.layers[-1]
-    if isinstance(last, keras.layers.Softmax):
-        return True
-    return getattr(last, "activation", None) is keras.activations.softmax
 
 
 def _optimizer(spec: dict):
@@ -105,25 +52,11 @@ def _optimizer(spec: dict):
 
 
 
-def _load_npz(path: str) -> list[np.ndarray]:
-    with np.load(path) as data:
-        return [data[f"arr_{i}"] for i in range(len(data.files))]
-
-
-def _outputs(raw: np.ndarray, classification: bool, probabilities: bool) -> np.ndarray:
-    if not classification:
-        return raw.reshape(-1)
-    raw = raw.reshape(len(raw), -1)
-    if probabilities:
-        return raw / np.clip(raw.sum(axis=1, keepdims=True), 1e-12, None)
-    return softmax(raw)
-
-
 class TensorflowBackend(Backend):
     name = "tensorflow"
 
     def train_loop(self, config: dict) -> None:
-        _use_legacy_keras()
+        use_legacy_keras()
         import ray.train
         import tensorflow as tf
 
@@ -156,15 +89,15 @@ class TensorflowBackend(Backend):
 
         with strategy.scope():
             # Variables are created here: MWMS broadcasts rank 0's initial values.
-            model = _build(arch)
+            model = build_model(arch)
             optimizer = _optimizer(opt_spec)
             if loss_scaling:  # dynamic loss scale: small fp16 gradients would flush to zero
                 optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
             optimizer.build(model.trainable_variables)
             if reporter.restore_model_dir:
-                model.set_weights(_load_npz(os.path.join(reporter.restore_model_dir, _WEIGHTS)))
+                model.set_weights(load_npz(os.path.join(reporter.restore_model_dir, WEIGHTS_FILE)))
                 saved = os.path.join(reporter.restore_model_dir, _OPTIMIZER)
-                values = _load_npz(saved) if os.path.exists(saved) else []
+                values = load_npz(saved) if os.path.exists(saved) else []
                 variables = list(optimizer.variables)
                 if len(values) == len(variables) and all(v.shape == tuple(a.shape) for v, a in zip(variables, values)):
                     for var, value in zip(variables, values):
@@ -177,7 +110,7 @@ class TensorflowBackend(Backend):
             "optimizer_sha256": sha256_of(np.ascontiguousarray(np.asarray(v.numpy())).tobytes()
                                           for v in optimizer.variables),
         })
-        probabilities = classification and _emits_probabilities(model)
+        probabilities = classification and emits_probabilities(model)
         label_dtype = np.int64 if classification else np.float32
         steps = TfSteps(strategy, model, optimizer, world_size=reporter.world_size, num_features=num_features,
                         classification=classification, probabilities=probabilities, l2=l2,
@@ -218,16 +151,16 @@ class TensorflowBackend(Backend):
             # As many calls on every worker (eval_chunks: reading variables can be a collective op);
             # a dummy row's output is dropped.
             outputs = [infer(tf.constant(valid_x[s] if s.stop > s.start else dummy_x)).numpy()[:s.stop - s.start]
-                       for s in eval_chunks(len(valid_x), valid_most, _PREDICT_BATCH)]
+                       for s in eval_chunks(len(valid_x), valid_most, PREDICT_BATCH)]
             raw = np.concatenate(outputs) if outputs else np.zeros((0, arch["num_outputs"]), np.float32)
-            part = MetricPartials.of(config["task"], _outputs(raw, classification, probabilities), valid_y)
+            part = MetricPartials.of(config["task"], model_outputs(raw, classification, probabilities), valid_y)
             metrics = combine_metrics(part, reporter.rank, reporter.world_size, allreduce_sum)
             # The live model's outputs on the probe rows, as `load`'s predict computes them (every
             # rank, as above); rank 0's checkpoint holds them. Under train.precision bf16/fp16 the
             # layers compute in that precision here, and in fp32 when served: recorded as such.
             probe = None
             if probe_x is not None and len(probe_x):
-                probe = _outputs(infer(tf.constant(probe_x)).numpy(), classification, probabilities)
+                probe = model_outputs(infer(tf.constant(probe_x)).numpy(), classification, probabilities)
 
             # Snapshot on every rank (reads may be collectives); rank 0 writes it.
             weights = model.get_weights()
@@ -235,9 +168,9 @@ class TensorflowBackend(Backend):
 
             def save(model_dir: str) -> None:
                 os.makedirs(model_dir)
-                np.savez(os.path.join(model_dir, _WEIGHTS), *weights)
+                np.savez(os.path.join(model_dir, WEIGHTS_FILE), *weights)
                 np.savez(os.path.join(model_dir, _OPTIMIZER), *optimizer_state)
-                with open(os.path.join(model_dir, _ARCH), "w") as fh:
+                with open(os.path.join(model_dir, ARCH_FILE), "w") as fh:
                     json.dump(arch, fh)
                 write_probe(model_dir, probe, precision)
 
@@ -249,40 +182,12 @@ class TensorflowBackend(Backend):
 
         return TensorflowTrainer
 
-    def load(self, model_dir: str, meta: dict) -> Predict:
-        _use_legacy_keras()
-        import tensorflow as tf
-
-        with open(os.path.join(model_dir, _ARCH)) as fh:
-            arch = json.load(fh)
-        model = _build(arch)
-        model.set_weights(_load_npz(os.path.join(model_dir, _WEIGHTS)))
-        classification = meta["task"] == "classification"
-        probabilities = classification and _emits_probabilities(model)
-        num_features = arch["num_features"]
-
-        @tf.function(input_signature=[tf.TensorSpec([None, num_features], tf.float32)])
-        def infer(x):
-            return model(x, training=False)
-
-        def predict(features: np.ndarray) -> np.ndarray:
-            x = np.ascontiguousarray(features, dtype=np.float32).reshape(len(features), num_features)
-            if not len(x):
-                return _outputs(np.zeros((0, arch["num_outputs"]), np.float32), classification, probabilities)
-            raw = np.concatenate([infer(tf.constant(x[i:i + _PREDICT_BATCH])).numpy() for i in range(0, len(x), _PREDICT_BATCH)])
-            return _outputs(raw, classification, probabilities)
-
-        return predict
-
     def versions(self) -> dict[str, str]:
-        _use_legacy_keras()
+        use_legacy_keras()
         import tensorflow as tf
         import tf_keras
 
         return {"tensorflow": tf.__version__, "tf_keras": tf_keras.__version__}
-
-    def worker_env(self) -> dict[str, str]:
-        return dict(_ENV)
 
 
 BACKEND = TensorflowBackend()

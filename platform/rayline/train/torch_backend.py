@@ -8,47 +8,22 @@ import os
 
 import numpy as np
 
-from rayline.train.backend import Backend, Predict, build_from_arch
+from rayline.inference.arch import ARCH_FILE
+from rayline.inference.torch_model import WEIGHTS_FILE, build_model
+from rayline.train.backend import Backend
 from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, eval_chunks, own_valid_rows, sha256_of,
                                 with_last)
-from rayline.train.metrics import MetricPartials, softmax
+from rayline.inference.outputs import softmax
+from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
 from rayline.train.torch_steps import TorchSteps, register_compression
 
-__all__ = ["TorchBackend", "BACKEND", "build_mlp", "restore_hyperparameters", "state_digests"]
+__all__ = ["TorchBackend", "BACKEND", "restore_hyperparameters", "state_digests"]
 
 log = logging.getLogger(__name__)
 
-_WEIGHTS = "weights.pt"
 _OPTIMIZER = "optimizer.pt"
-_ARCH = "arch.json"
 _EVAL_BATCH = 4096
-
-
-def build_mlp(num_features: int, num_outputs: int, hidden_sizes=(128, 64), dropout: float = 0.0):
-    import torch.nn as nn
-
-    layers: list = []
-    width = num_features
-    for size in hidden_sizes:
-        layers += [nn.Linear(width, int(size)), nn.ReLU()]
-        if dropout:
-            layers.append(nn.Dropout(float(dropout)))
-        width = int(size)
-    layers.append(nn.Linear(width, num_outputs))
-    return nn.Sequential(*layers)
-
-
-def _build(arch: dict):
-    model_spec = arch["model"]
-    model = build_from_arch(arch, build_mlp)
-    import torch.nn as nn
-
-    if not isinstance(model, nn.Module):
-        from rayline.errors import SpecError
-
-        raise SpecError([f"model.import: {model_spec['import']} returned {type(model).__name__} (allowed: a torch.nn.Module)"])
-    return model
 
 
 def _optimizer(params, spec: dict):
@@ -99,10 +74,10 @@ class TorchBackend(Backend):
         torch.set_num_threads(config["threads"])
         reporter = EpochReporter(config.get("initial_checkpoint"))
         classification = config["task"] == "classification"
-        model = _build(config["arch"])
+        model = build_model(config["arch"])
         restore = reporter.restore_model_dir
         if restore:  # full weights, before any wrapping or sharding (every rank reads the same file)
-            model.load_state_dict(torch.load(os.path.join(restore, _WEIGHTS), weights_only=True))
+            model.load_state_dict(torch.load(os.path.join(restore, WEIGHTS_FILE), weights_only=True))
         device = ray.train.torch.get_device()
         # train.strategy: fsdp shards over the workers (rayline/train/torch_fsdp.py); one worker has nothing to shard.
         sharded = config.get("strategy", "ddp") == "fsdp" and reporter.world_size > 1
@@ -200,9 +175,9 @@ class TorchBackend(Backend):
                 else:
                     weights = (model.module if hasattr(model, "module") else model).state_dict()
                     optimizer_state = optimizer.state_dict()
-                torch.save(weights, os.path.join(model_dir, _WEIGHTS))
+                torch.save(weights, os.path.join(model_dir, WEIGHTS_FILE))
                 torch.save(optimizer_state, os.path.join(model_dir, _OPTIMIZER))
-                with open(os.path.join(model_dir, _ARCH), "w") as fh:
+                with open(os.path.join(model_dir, ARCH_FILE), "w") as fh:
                     json.dump(config["arch"], fh)
                 write_probe(model_dir, probe)
 
@@ -213,23 +188,6 @@ class TorchBackend(Backend):
         from ray.train.torch import TorchTrainer
 
         return TorchTrainer
-
-    def load(self, model_dir: str, meta: dict) -> Predict:
-        import torch
-
-        with open(os.path.join(model_dir, _ARCH)) as fh:
-            arch = json.load(fh)
-        model = _build(arch)
-        model.load_state_dict(torch.load(os.path.join(model_dir, _WEIGHTS), weights_only=True, map_location="cpu"))
-        model.eval()
-        classification = meta["task"] == "classification"
-
-        def predict(features: np.ndarray) -> np.ndarray:
-            with torch.no_grad():
-                raw = model(torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))).numpy()
-            return softmax(raw) if classification else raw.reshape(-1)
-
-        return predict
 
     def versions(self) -> dict[str, str]:
         import torch

@@ -41,18 +41,20 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from rayline.train.backend import Backend, Predict
+from rayline.frameworks import total_units
+from rayline.inference.arch import ARCH_FILE
+from rayline.inference.xgboost_model import MODEL_FILE
+from rayline.inference.xgboost_model import outputs as model_outputs
+from rayline.train.backend import Backend
 from rayline.train.loop import EpochReporter, Throughput, combine_metrics, own_valid_rows, sha256_of, shard_batches
-from rayline.train.metrics import MetricPartials
+from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
 from rayline.workspace import owned_tempdir, sweep_orphans
 
 __all__ = ["XGBoostBackend", "BACKEND", "objective_params", "MatrixPlan", "matrix_plan", "train_matrix",
            "EXTERNAL_MEMORY", "EXTMEM_PREFIX"]
 
-_MODEL = "model.ubj"
 _STATE = "xgb_state.json"
-_ARCH = "arch.json"
 _MAX_METRICS = {"accuracy", "f1", "precision", "recall", "roc_auc", "r2"}  # as rayline.spec.metric_mode
 _DEFAULT_EARLY_STOPPING = 10
 # model.params.external_memory: how a worker holds its train shard (see matrix_plan).
@@ -115,19 +117,6 @@ def objective_params(task: str, num_outputs: int) -> dict:
     if num_outputs == 2:
         return {"objective": "binary:logistic"}
     return {"objective": "multi:softprob", "num_class": int(num_outputs)}
-
-
-def _outputs(raw: np.ndarray, task: str, num_outputs: int) -> np.ndarray:
-    """Booster predictions as rayline outputs: probabilities (n, classes) or values (n,)."""
-    raw = np.asarray(raw)
-    if task == "regression":
-        return raw.reshape(-1)
-    if num_outputs == 2:
-        p = raw.reshape(-1)
-        return np.stack([1.0 - p, p], axis=1)
-    return raw.reshape(len(raw), num_outputs)
-
-
 
 
 def train_matrix(batches: Callable[[], Iterable], params: dict, num_features: int, kind: str = "quantile",
@@ -202,7 +191,7 @@ def _available_memory() -> int:
 
 
 def _total_rounds(model_params: dict, epochs: int) -> int:
-    return max(1, int(model_params.get("num_boost_round") or epochs))
+    return total_units("xgboost", model_params, epochs)
 
 
 def _settings(config: dict) -> tuple[dict, int, int, int, str]:
@@ -226,10 +215,6 @@ def _settings(config: dict) -> tuple[dict, int, int, int, str]:
 
 class XGBoostBackend(Backend):
     name = "xgboost"
-
-    def total_units(self, model_params: dict, epochs: int) -> int:
-        """Boosting rounds a run trains at most: its unit of training (ASHA's clock; `tune.asha_settings`)."""
-        return _total_rounds(model_params, epochs)
 
     def train_loop(self, config: dict) -> None:
         import ray.train
@@ -276,7 +261,7 @@ class XGBoostBackend(Backend):
         state = {"best_score": None, "best_round": -1, "stopped": False, "num_boost_round": num_boost_round}
         booster = None
         if reporter.restore_model_dir:
-            booster = xgb.Booster(model_file=os.path.join(reporter.restore_model_dir, _MODEL))
+            booster = xgb.Booster(model_file=os.path.join(reporter.restore_model_dir, MODEL_FILE))
             try:
                 with open(os.path.join(reporter.restore_model_dir, _STATE)) as fh:
                     state.update(json.load(fh))
@@ -313,14 +298,14 @@ class XGBoostBackend(Backend):
                         return False
                     # early stopping is due between checkpoints: evaluate now, stop here
                 raw = model.inplace_predict(valid_x) if len(valid_x) else np.zeros((0, num_outputs if num_outputs > 2 else 1))
-                part = MetricPartials.of(task, _outputs(raw, task, num_outputs), valid_y)
+                part = MetricPartials.of(task, model_outputs(raw, task, num_outputs), valid_y)
                 metrics = combine_metrics(part, reporter.rank, reporter.world_size,
                                           lambda values: collective.allreduce(values, collective.Op.SUM))
                 # The live booster's outputs on the probe rows, as `load`'s predict computes them;
                 # rank 0's checkpoint holds them.
                 probe = None
                 if probe_x is not None and len(probe_x):
-                    probe = _outputs(model.inplace_predict(probe_x), task, num_outputs)
+                    probe = model_outputs(model.inplace_predict(probe_x), task, num_outputs)
                 score = metrics.get(metric)
                 if score is not None and np.isfinite(score):
                     best = state["best_score"]
@@ -336,10 +321,10 @@ class XGBoostBackend(Backend):
 
                 def save(model_dir: str) -> None:
                     os.makedirs(model_dir)
-                    model.save_model(os.path.join(model_dir, _MODEL))
+                    model.save_model(os.path.join(model_dir, MODEL_FILE))
                     with open(os.path.join(model_dir, _STATE), "w") as fh:
                         json.dump(snapshot, fh)
-                    with open(os.path.join(model_dir, _ARCH), "w") as fh:
+                    with open(os.path.join(model_dir, ARCH_FILE), "w") as fh:
                         json.dump(dict(arch, xgboost_params=params), fh)
                     write_probe(model_dir, probe)
 
@@ -361,24 +346,6 @@ class XGBoostBackend(Backend):
         from ray.train.xgboost import XGBoostTrainer
 
         return XGBoostTrainer
-
-    def load(self, model_dir: str, meta: dict) -> Predict:
-        import xgboost as xgb
-
-        with open(os.path.join(model_dir, _ARCH)) as fh:
-            arch = json.load(fh)
-        booster = xgb.Booster(model_file=os.path.join(model_dir, _MODEL))
-        task = meta["task"]
-        num_outputs = arch["num_outputs"]
-        num_features = arch["num_features"]
-
-        def predict(features: np.ndarray) -> np.ndarray:
-            x = np.ascontiguousarray(features, dtype=np.float32).reshape(len(features), num_features)
-            if not len(x):
-                return _outputs(np.zeros((0, num_outputs if num_outputs > 2 else 1)), task, num_outputs)
-            return _outputs(booster.inplace_predict(x), task, num_outputs)
-
-        return predict
 
     def versions(self) -> dict[str, str]:
         import xgboost

@@ -1,28 +1,31 @@
-"""What each framework backend offers, described without importing the framework.
+"""What each framework offers, described without importing the framework: the catalog of names
+shared by the spec, training (`rayline.train`) and prediction (`rayline.inference`).
 
 The spec validates `model.framework`, `model.kind`, `model.params` and accelerator choices
 against this table, so `rayline validate` and `rayline --help` never import torch,
-TensorFlow or xgboost. The backend module itself is imported only when training or
-serving needs it.
+TensorFlow or xgboost. Each framework has two halves, named here and imported only when
+needed: its training backend (`module`, loaded by `rayline.train.backend.load_backend`) and its
+inference module (`inference`, loaded by `rayline.inference`), which serving uses alone.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 
-__all__ = ["BackendInfo", "BACKENDS", "backend_info", "load_backend"]
+__all__ = ["BackendInfo", "BACKENDS", "backend_info", "total_units"]
 
 
 @dataclass(frozen=True)
 class BackendInfo:
-    """One framework backend: its module, built-in model kinds and their parameters."""
+    """One framework: its two modules, built-in model kinds and their parameters."""
 
     name: str
-    module: str  # "rayline.train.torch_backend"; imported lazily
+    module: str  # the training backend, "rayline.train.torch_backend"; imported lazily
+    inference: str  # the prediction half, "rayline.inference.torch_model": load(model_dir, meta), ENV
     kinds: dict[str, frozenset[str]]  # built-in kind -> parameters it accepts
     accelerators: frozenset[str] = field(default_factory=lambda: frozenset({"cpu", "gpu"}))
     epoch_based: bool = True  # False: rounds instead of epochs (xgboost)
+    units_param: str = ""  # the model parameter that counts its units of training instead of epochs, if any
     import_returns: str = ""  # what a `model.import` callable must return
     precisions: frozenset[str] = frozenset({"fp32", "bf16", "fp16"})  # train.precision values it trains in
     grad_accumulation: bool = True  # whether train.grad_accumulation > 1 means anything (mini-batch training)
@@ -38,6 +41,7 @@ BACKENDS: dict[str, BackendInfo] = {
     "torch": BackendInfo(
         name="torch",
         module="rayline.train.torch_backend",
+        inference="rayline.inference.torch_model",
         kinds={"mlp": _MLP_PARAMS},
         import_returns="a torch.nn.Module",
         grad_compressions=frozenset({"fp16", "bf16", "powersgd"}),
@@ -46,6 +50,7 @@ BACKENDS: dict[str, BackendInfo] = {
     "tensorflow": BackendInfo(
         name="tensorflow",
         module="rayline.train.tensorflow_backend",
+        inference="rayline.inference.tensorflow_model",
         kinds={"mlp": _MLP_PARAMS},
         import_returns="a Keras model (tf_keras.Model)",
         multi_gpu_workers=True,  # MirroredStrategy / MWMS over a worker's local GPUs (train/tf_steps.py)
@@ -53,6 +58,7 @@ BACKENDS: dict[str, BackendInfo] = {
     "xgboost": BackendInfo(
         name="xgboost",
         module="rayline.train.xgboost_backend",
+        inference="rayline.inference.xgboost_model",
         kinds={
             "gbdt": frozenset(
                 {
@@ -67,6 +73,7 @@ BACKENDS: dict[str, BackendInfo] = {
         # As xgboost_backend.EXTERNAL_MEMORY (not imported: this table never imports a backend).
         param_choices={"external_memory": ("auto", "always", "never")},
         epoch_based=False,
+        units_param="num_boost_round",
         import_returns="",
         precisions=frozenset({"fp32"}),
         grad_accumulation=False,
@@ -78,7 +85,9 @@ def backend_info(framework: str) -> BackendInfo:
     return BACKENDS[framework]
 
 
-def load_backend(framework: str):
-    """Import the backend module for `framework` and return its `BACKEND` object."""
-    info = BACKENDS[framework]
-    return importlib.import_module(info.module).BACKEND
+def total_units(framework: str, model_params: dict, epochs: int) -> int:
+    """Units of training a run does at most: ASHA's clock (`tune.asha_settings`). Epochs, or for a
+    framework that trains in other units (xgboost: boosting rounds) its parameter that counts them
+    (epochs when that parameter is not set)."""
+    param = BACKENDS[framework].units_param
+    return max(1, int(model_params.get(param) or epochs)) if param else epochs

@@ -1,6 +1,6 @@
 """tune.search: how a sweep picks each trial's parameters, one class each, registered in SEARCHERS.
 
-Every searcher gets Tune's param_space as `rayline.tune.search_space(spec)` makes it and
+Every searcher gets Tune's param_space as `rayline.tune.sweep.search_space(spec)` makes it and
 the same seed (`tune.seed`, default `data.split.seed`), so a sweep is reproducible; the
 trials running at once are limited by the resource plan, inside the search algorithm
 (Tune ignores `max_concurrent_trials` for a BasicVariantGenerator, with only a warning).

@@ -20,17 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["compute_metrics", "softmax", "MetricPartials", "EXACT_AUC_ROWS", "AUC_BINS"]
+__all__ = ["compute_metrics", "MetricPartials", "EXACT_AUC_ROWS", "AUC_BINS"]
 
 EXACT_AUC_ROWS = 100_000  # scores kept for an exact ROC AUC up to this many rows (1.6 MB for 2 classes)
 AUC_BINS = 1 << 16  # bins of [0, 1] per class beyond that (0.5 MB per class for positives and negatives)
 _EPS = np.finfo(np.float64).eps  # sklearn's log_loss clips probabilities to [eps, 1 - eps]
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
-    return exp / exp.sum(axis=1, keepdims=True)
 
 
 def compute_metrics(task: str, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:

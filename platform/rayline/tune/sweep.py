@@ -9,7 +9,6 @@ directory (`train.run.locate_best`), which also works for trials ASHA stopped ea
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import threading
@@ -18,9 +17,10 @@ from typing import Any
 
 from rayline.errors import InterruptedRun, RaylineError, TrainingError
 from rayline.resources import ResourcePlan
-from rayline.spec import PipelineSpec, apply_overrides, largest_value, metric_mode
+from rayline.spec.models import PipelineSpec, metric_mode
 from rayline.storage import join
-from rayline.train.run import TrainResult, locate_best, train
+from rayline.train.run import TrainResult, train
+from rayline.tune.clock import TIME_ATTR, clock_scale, total_units
 
 __all__ = [
     "STOP_REASONS",
@@ -29,11 +29,6 @@ __all__ = [
     "search_space",
     "tune_pipeline",
     "TRIAL_DRIVER_CPUS",
-    "TIME_ATTR",
-    "largest_draw",
-    "max_workers",
-    "total_units",
-    "asha_settings",
     "tune_dir",
 ]
 
@@ -98,104 +93,6 @@ def search_space(spec: PipelineSpec) -> dict[str, Any]:
     return space
 
 
-def largest_draw(dist: dict):
-    """The largest value a `tune.space` distribution can draw (None when its values are not numbers).
-
-    choice/grid: the largest listed value; randint: its high bound (inclusive in rayline);
-    uniform/loguniform: the high bound.
-    """
-    values = list(next(iter(dist.values())))
-    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        return None
-    return largest_value(dist)
-
-
-def max_workers(spec: PipelineSpec) -> int:
-    """The most Train workers any trial can ask for: the plan must fit the largest draw.
-
-    Elastic `train.workers: {min, max}` is never tuned (spec.space); its `max` is the most.
-    """
-    workers = spec.train.max_workers
-    dist = spec.tune.space.get("train.workers") if spec.tune else None
-    top = largest_draw(dist) if dist else None
-    return max(workers, int(math.ceil(top))) if top is not None else workers
-
-
-# ASHA's clock: how much a trial has trained, in the unit its framework trains in (epochs;
-# boosting rounds for xgboost). Tune's default clock, `training_iteration`, counts reports:
-# with xgboost reporting every `checkpoint_every` rounds, `max_t: epochs` stopped a
-# 500-round booster that reports every 5 rounds at round 50. Added to every report
-# by `_UnitsReportCallback` (the report's "epoch" is the 0-based index of the last unit).
-TIME_ATTR = "units_trained"
-
-
-def total_units(spec: PipelineSpec) -> int:
-    """Epochs (or rounds) a trial of `spec` trains at most, over every draw of the space.
-
-    The backend says what its unit is (`Backend.total_units`: epochs, or xgboost's
-    num_boost_round).
-    """
-    from rayline.spec.pipeline_space import FAMILY_KEY, PipelineSpace
-
-    if spec.tune and (families := PipelineSpace(spec).families):
-        # A sweep over model families: the most any family trains (each family's clock is
-        # scaled to this one in trials: `clock_scale`).
-        return max(total_units(family_spec(spec, i)) for i in range(len(families)))
-    from rayline.train.catalog import load_backend
-
-    top = {path: largest_draw(dist) for path, dist in (spec.tune.space.items() if spec.tune else ())}
-    top = {path: v for path, v in top.items() if v is not None and (path == "train.epochs" or path.startswith("model.params."))}
-    try:
-        largest = apply_overrides(spec, {p: (int(math.ceil(v)) if isinstance(v, float) and p == "train.epochs" else v)
-                                         for p, v in top.items()})
-    except RaylineError:
-        largest = spec  # a value the spec rejects never reaches a trial either
-    backend = load_backend(spec.model.framework)
-    count = backend.total_units(dict(largest.model.params or {}), largest.train.epochs)
-    return max(1, int(count))
-
-
-def asha_settings(spec: PipelineSpec) -> dict:
-    """ASHAScheduler arguments: its clock in training units, max_t the most units a trial trains.
-
-    grace_period: a sixteenth of the run (at least one unit), so rungs sit at 1/16, 1/8,
-    1/4, 1/2 of training with reduction factor 2; one boosting round or the first of 40
-    epochs says little about a configuration.
-    """
-    max_t = total_units(spec)
-    return {"time_attr": TIME_ATTR, "max_t": max_t, "grace_period": max(1, max_t // 16), "reduction_factor": 2}
-
-
-def family_spec(spec: PipelineSpec, index: int) -> PipelineSpec:
-    """`spec` as a sweep of family `index` alone (its model, and its sub-space as tune.space)."""
-    from rayline.spec.pipeline_space import FAMILY_KEY, PipelineSpace
-
-    family = PipelineSpace(spec).families[index]
-    raw = spec.model_dump(by_alias=True, exclude_none=True)
-    raw["model"] = family.model
-    raw["tune"]["space"] = {**{k: v for k, v in raw["tune"]["space"].items() if k != FAMILY_KEY},
-                            **{f"model.params.{k}": v for k, v in family.space.items()}}
-    from rayline.spec import parse_spec
-
-    return parse_spec(raw, source="tune.space.model")
-
-
-def clock_scale(spec: PipelineSpec, trial_spec: PipelineSpec) -> float:
-    """How many of the sweep's clock units one of the trial's own units is worth.
-
-    1 unless the sweep chooses among model families whose units differ (epochs against
-    boosting rounds): ASHA, median stopping and the time budget then compare trials at the
-    same fraction of their training, a trial's units scaled to the longest family's."""
-    from rayline.spec.pipeline_space import PipelineSpace
-
-    if not spec.tune or not PipelineSpace(spec).families:
-        return 1.0
-    from rayline.train.catalog import load_backend
-
-    own = load_backend(trial_spec.model.framework).total_units(dict(trial_spec.model.params or {}), trial_spec.train.epochs)
-    return total_units(spec) / max(1, int(own))
-
-
 def tune_dir(storage_path: str, experiment: str) -> str:
     """Where Tune keeps the sweep's state (what `Tuner.restore` reads)."""
     return join(storage_path, f"{experiment}-tune")
@@ -221,11 +118,13 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from rayline.spec import parse_spec
+    from rayline.spec.loading import parse_spec
     from rayline.spec.pipeline_space import PipelineSpace
 
     sweep = parse_spec(spec_raw)
     space = PipelineSpace(sweep)
+    from rayline.spec.overrides import apply_overrides
+
     spec = apply_overrides(sweep, space.overrides({k: _plain(v) for k, v in config.items()}))
     # Trials share the data stage's output: one prepared dataset per preprocessing variant.
     data = data[space.variant_index(config)] if isinstance(data, list) else data
@@ -243,8 +142,8 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
     trial_id = tune.get_context().get_trial_id()
     if sweep.tune.scheduler.scheduler.hands_off_checkpoints:
         # PBT: the trial reports Tune checkpoints that restart it from another trial's Train
-        # checkpoint under a new Train run (rayline/handoff.py).
-        from rayline.handoff import train_with_handoff
+        # checkpoint under a new Train run (rayline/tune/handoff.py).
+        from rayline.tune.handoff import train_with_handoff
 
         train_with_handoff(spec, data, storage_path=storage_path, trial_id=trial_id, plan=plan,
                            search_paths=search_paths, scale=scale)
@@ -281,9 +180,9 @@ def tune_pipeline(
     from ray import tune
     import time
 
-    from rayline.handoff import locate_trial_best
-    from rayline.schedulers import trial_decisions
-    from rayline.searchers import SEARCHERS
+    from rayline.tune.decisions import trial_decisions
+    from rayline.tune.handoff import locate_trial_best
+    from rayline.tune.searchers import SEARCHERS
 
     from rayline.orphans import ReleaseOrphansCallback
     from rayline.resume import SaveOnTrialEnd
@@ -314,8 +213,9 @@ def tune_pipeline(
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True,
                                    param_space=search_space(spec))
     else:
-        # tune.scheduler and tune.search: one class each (rayline/schedulers.py, rayline/searchers.py).
-        scheduler = spec.tune.scheduler.scheduler.build(spec, spec.tune.scheduler.params, metric=metric, mode=mode)
+        # tune.scheduler and tune.search: one class each (rayline/tune/schedulers.py, searchers.py).
+        scheduler = spec.tune.scheduler.scheduler.build(spec, spec.tune.scheduler.params, max_units=total_units(spec),
+                                                        metric=metric, mode=mode)
         tuner = tune.Tuner(
             trainable,
             param_space=search_space(spec),
@@ -358,7 +258,7 @@ def tune_pipeline(
         config = {k: _plain(v) for k, v in (result.config or {}).items()}
         overrides = space.overrides(config)  # by spec path: what the trial trained, as MLflow records it
         try:
-            # Its own Train run, and any PBT restarted it under (rayline/handoff.py).
+            # Its own Train run, and any PBT restarted it under (rayline/tune/handoff.py).
             best = locate_trial_best(runs_dir, trial_id, metric, mode)
             best.overrides = overrides
         except TrainingError:

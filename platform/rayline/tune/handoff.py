@@ -36,6 +36,7 @@ import threading
 from rayline.errors import TrainingError
 from rayline.storage import join, list_names
 from rayline.train.run import TrainResult, locate_best
+from rayline.tune.schedulers import TIME_ATTR
 
 __all__ = ["HANDOFF_FILE", "run_for", "train_with_handoff", "trial_runs", "locate_trial_best", "exploits_from_runs"]
 
@@ -71,8 +72,6 @@ def _restored_handoff() -> dict | None:
 def _relay_callback(queue, scale: float):
     """A Train callback (it runs in the Train controller) passing each report to the trial function."""
     from ray.train.v2.api.callback import UserCallback
-
-    from rayline.tune import TIME_ATTR
 
     class Relay(UserCallback):
         def after_report(self, run_context, metrics, checkpoint):

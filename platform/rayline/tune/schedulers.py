@@ -5,9 +5,11 @@ one key, the way data.preprocess steps are (`scheduler: {pbt: {perturbation_inte
 Each class holds its parameters' spec model (`Params`), the checks that need the whole spec
 (`check`), its defaults derived from the spec (`settings`) and the Ray scheduler (`build`).
 
-Every scheduler runs on one clock: the units a trial has trained (`rayline.tune.TIME_ATTR`:
-epochs, boosting rounds for xgboost), not Tune's count of reports. Ray is imported only in
-`build`, so the spec (and `rayline validate`) never imports it.
+Every scheduler runs on one clock: the units a trial has trained (`TIME_ATTR`: epochs, boosting
+rounds for xgboost), not Tune's count of reports; `settings` and `build` take the most units a
+trial of the sweep trains (`max_units`, rayline.tune.clock.total_units), so this module needs
+nothing of the sweep and the spec can import it. Ray is imported only in `build`, so the spec
+(and `rayline validate`) never imports it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_mo
 # where they are used, so that importing either module first works.
 
 __all__ = [
+    "TIME_ATTR",
+    "asha_defaults",
     "SCHEDULERS",
     "SCHEDULER_NAMES",
     "PBT_PATHS",
@@ -31,9 +35,24 @@ __all__ = [
     "parse_scheduler",
     "check_scheduler",
     "scheduler_json_schema",
-    "stop_reason",
-    "trial_decisions",
 ]
+
+# ASHA's clock: how much a trial has trained, in the unit its framework trains in (epochs;
+# boosting rounds for xgboost). Tune's default clock, `training_iteration`, counts reports:
+# with xgboost reporting every `checkpoint_every` rounds, `max_t: epochs` stopped a
+# 500-round booster that reports every 5 rounds at round 50. Added to every report
+# by the sweep's report callback (the report's "epoch" is the 0-based index of the last unit).
+TIME_ATTR = "units_trained"
+
+
+def asha_defaults(max_units: int) -> dict:
+    """ASHAScheduler arguments for a sweep whose trials train at most `max_units`.
+
+    grace_period: a sixteenth of the run (at least one unit), so rungs sit at 1/16, 1/8,
+    1/4, 1/2 of training with reduction factor 2; one boosting round or the first of 40
+    epochs says little about a configuration.
+    """
+    return {"time_attr": TIME_ATTR, "max_t": max_units, "grace_period": max(1, max_units // 16), "reduction_factor": 2}
 
 
 class SchedulerParams(BaseModel):
@@ -96,19 +115,19 @@ def _largest_draws(spec) -> dict:
 def most_units(spec) -> int | None:
     """The most units a trial of `spec` can train, or None where it cannot be told here.
 
-    The spec-time twin of `rayline.tune.total_units` (which applies the draws to the spec and
+    The spec-time twin of `rayline.tune.clock.total_units` (which applies the draws to the spec and
     so cannot run while the spec is being validated); None for a sweep over model families.
     """
     if "model" in spec.tune.space:
         return None
-    from rayline.train.catalog import load_backend
+    from rayline.frameworks import total_units
 
     top = _largest_draws(spec)
     params = dict(spec.model.params or {})
     params.update({p.split(".", 2)[2]: v for p, v in top.items() if p.startswith("model.params.")})
     epochs = int(math.ceil(top.get("train.epochs", spec.train.epochs)))
     try:
-        return max(1, int(load_backend(spec.model.framework).total_units(params, epochs)))
+        return max(1, int(total_units(spec.model.framework, params, epochs)))
     except Exception:  # noqa: BLE001 - a bad value is reported by its own check
         return None
 
@@ -132,18 +151,19 @@ class Scheduler:
 
     name: ClassVar[str]
     Params: ClassVar[type[SchedulerParams]] = SchedulerParams
-    # Whether trials report Tune checkpoints that restart them (PBT's exploit, rayline.handoff).
+    # Whether trials report Tune checkpoints that restart them (PBT's exploit, rayline.tune.handoff).
     hands_off_checkpoints: ClassVar[bool] = False
 
     def check(self, spec, params) -> list[Problem]:
         """Problems that need the whole spec (paths from the spec's root)."""
         return []
 
-    def settings(self, spec, params) -> dict:
-        """The Ray scheduler's arguments, defaults resolved from the spec."""
+    def settings(self, spec, params, max_units: int) -> dict:
+        """The Ray scheduler's arguments, defaults resolved from the spec and the sweep's clock
+        (`max_units`: the most units a trial trains, rayline.tune.clock.total_units)."""
         return {}
 
-    def build(self, spec, params, *, metric: str, mode: str):
+    def build(self, spec, params, *, max_units: int, metric: str, mode: str):
         raise NotImplementedError
 
 
@@ -172,10 +192,8 @@ class Asha(Scheduler):
     def check(self, spec, params):
         return _grace_problem(spec, self.name, params)
 
-    def settings(self, spec, params):
-        from rayline.tune import asha_settings
-
-        out = asha_settings(spec)
+    def settings(self, spec, params, max_units):
+        out = asha_defaults(max_units)
         if params.max_t is not None:
             out["max_t"] = params.max_t
         out["grace_period"] = params.grace_period or min(out["grace_period"], out["max_t"])
@@ -183,10 +201,10 @@ class Asha(Scheduler):
         out["brackets"] = params.brackets
         return out
 
-    def build(self, spec, params, *, metric, mode):
+    def build(self, spec, params, *, max_units, metric, mode):
         from ray.tune.schedulers import ASHAScheduler
 
-        return _recording(ASHAScheduler)(**self.settings(spec, params))
+        return _recording(ASHAScheduler)(**self.settings(spec, params, max_units))
 
 
 class Fifo(Scheduler):
@@ -194,7 +212,7 @@ class Fifo(Scheduler):
 
     name = "fifo"
 
-    def build(self, spec, params, *, metric, mode):
+    def build(self, spec, params, *, max_units, metric, mode):
         from ray.tune.schedulers import FIFOScheduler
 
         return FIFOScheduler()
@@ -218,16 +236,13 @@ class Median(Scheduler):
     def check(self, spec, params):
         return _grace_problem(spec, self.name, params)
 
-    def settings(self, spec, params):
-        from rayline.tune import TIME_ATTR, total_units
-
-        top = total_units(spec)
-        return {"time_attr": TIME_ATTR, "grace_period": params.grace_period or max(1, top // 16),
+    def settings(self, spec, params, max_units):
+        return {"time_attr": TIME_ATTR, "grace_period": params.grace_period or max(1, max_units // 16),
                 "min_samples_required": params.min_samples_required, "min_time_slice": params.min_time_slice,
                 # A paused trial would restart its Train run from scratch in a new actor: stop instead.
                 "hard_stop": True}
 
-    def build(self, spec, params, *, metric, mode):
+    def build(self, spec, params, *, max_units, metric, mode):
         from ray.tune.schedulers import MedianStoppingRule, TrialScheduler
 
         class NeverPausing(MedianStoppingRule):
@@ -237,7 +252,7 @@ class Median(Scheduler):
             def _on_insufficient_samples(self, tune_controller, trial, time):
                 return TrialScheduler.CONTINUE
 
-        return _recording(NeverPausing)(**self.settings(spec, params))
+        return _recording(NeverPausing)(**self.settings(spec, params, max_units))
 
 
 # The tune.space paths that a trial may change in the middle of its training: a checkpoint
@@ -275,7 +290,7 @@ class PbtParams(SchedulerParams):
 class Pbt(Scheduler):
     """Population based training: at every perturbation interval the worst trials continue from
     a copy of a better trial's checkpoint (weights and optimizer state) with its parameters
-    perturbed (rayline.handoff moves the checkpoint between the trials' Train runs)."""
+    perturbed (rayline.tune.handoff moves the checkpoint between the trials' Train runs)."""
 
     name = "pbt"
     Params = PbtParams
@@ -283,7 +298,7 @@ class Pbt(Scheduler):
 
     def check(self, spec, params):
         from rayline.spec.problems import Problem
-        from rayline.train.catalog import BACKENDS
+        from rayline.frameworks import BACKENDS
 
         problems = []
         info = BACKENDS[spec.model.framework]
@@ -305,10 +320,8 @@ class Pbt(Scheduler):
                     got=repr(path), allowed=", ".join(PBT_PATHS)))
         return problems + _grace_problem(spec, self.name, params, "perturbation_interval")
 
-    def settings(self, spec, params):
-        from rayline.tune import TIME_ATTR, total_units
-
-        return {"time_attr": TIME_ATTR, "perturbation_interval": params.perturbation_interval or max(1, total_units(spec) // 4),
+    def settings(self, spec, params, max_units):
+        return {"time_attr": TIME_ATTR, "perturbation_interval": params.perturbation_interval or max(1, max_units // 4),
                 "burn_in_period": params.burn_in_period, "quantile_fraction": params.quantile_fraction,
                 "resample_probability": params.resample_probability,
                 "perturbation_factors": tuple(params.perturbation_factors), "synch": params.synch,
@@ -332,10 +345,11 @@ class Pbt(Scheduler):
                 out[path] = list(args)  # explore moves to a neighbouring value
         return out
 
-    def build(self, spec, params, *, metric, mode):
+    def build(self, spec, params, *, max_units, metric, mode):
         from ray.tune.schedulers import PopulationBasedTraining
 
-        return _recording(PopulationBasedTraining)(hyperparam_mutations=self.mutations(spec), **self.settings(spec, params))
+        return _recording(PopulationBasedTraining)(hyperparam_mutations=self.mutations(spec),
+                                                    **self.settings(spec, params, max_units))
 
 
 SCHEDULERS: dict[str, Scheduler] = {cls.name: cls() for cls in (Asha, Fifo, Median, Pbt)}
@@ -416,8 +430,6 @@ def _recording(cls):
         def on_trial_result(self, tune_controller, trial, result):
             decision = super().on_trial_result(tune_controller, trial, result)
             if decision == TrialScheduler.STOP:
-                from rayline.tune import TIME_ATTR
-
                 self.rayline_stopped[trial.trial_id] = result.get(TIME_ATTR)
             return decision
 
@@ -441,50 +453,3 @@ def _plain_number(value):
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
-
-
-def stop_reason(*, error: bool, done: bool, units_reported: float | None, max_units: int | None,
-                stopped_by_scheduler: bool, budget_hit: bool) -> str:
-    """Why a trial ended (rayline.tune.STOP_REASONS), from what Tune and the scheduler recorded.
-
-    `done`: Tune's last result has done=True: the trial's function returned, or a scheduler
-    stopped it there (Tune marks that result done too). ASHA also stops a trial that reached
-    max_t, so a trial whose clock reached the most units any trial trains counts as completed
-    whoever stopped it.
-    """
-    if error:
-        return "error"
-    if units_reported is not None and max_units is not None and units_reported >= max_units - 1e-9:
-        return "completed"
-    if stopped_by_scheduler:
-        return "early_stopped"
-    if done:  # Tune also sets done on a result the scheduler stopped the trial at: checked after
-        return "completed"
-    if budget_hit:
-        return "time_budget"
-    return "early_stopped"  # stopped before an interruption, in a resumed sweep: the scheduler's doing
-
-
-def trial_decisions(scheduler, result, best, *, trial_id: str, runs_dir: str, max_units: int, budget_hit: bool) -> dict:
-    """TrialOutcome's stop_reason, units_trained and events for one trial of a finished sweep.
-
-    `scheduler`: the Ray scheduler `build` made (None for a resumed sweep, whose decisions
-    before the interruption were not recorded here); `result`: the trial's Tune Result;
-    `best`: its TrainResult (None when it reported nothing).
-    """
-    from rayline.tune import TIME_ATTR
-
-    last = result.metrics or {}
-    history = best.history if best is not None else []
-    units = max((int(row["epoch"]) + 1 for row in history if "epoch" in row), default=None)
-    if units is None and last.get("epoch") is not None:
-        units = int(last["epoch"]) + 1
-    stopped = getattr(scheduler, "rayline_stopped", {})
-    events = list(getattr(scheduler, "rayline_events", {}).get(trial_id, []))
-    if not events and scheduler is None:
-        from rayline.handoff import exploits_from_runs
-
-        events = exploits_from_runs(runs_dir, trial_id)
-    reason = stop_reason(error=result.error is not None, done=bool(last.get("done")), units_reported=last.get(TIME_ATTR),
-                         max_units=max_units, stopped_by_scheduler=trial_id in stopped, budget_hit=budget_hit)
-    return {"stop_reason": reason, "units_trained": units if units is not None else 0, "events": events}
