@@ -71,7 +71,7 @@ def rayline_runs(data: Path, args, ws) -> list[dict]:
     from statistics import median
 
     from rayline.errors import SpecError
-    from rayline.runner import run_pipeline
+    from rayline.pipeline.run import run_pipeline
     from rayline.spec import apply_overrides, parse_spec
 
     specs, rows = {}, {}

@@ -112,7 +112,7 @@ def _timeline(reports: list[dict]) -> list[tuple[float, float, str]]:
 
 
 def asha_vs_fifo(ws, *, trials: int, concurrent: int, epochs: int, seed: int, target: float | None, data: Path) -> dict:
-    from rayline.runner import run_pipeline
+    from rayline.pipeline.run import run_pipeline
 
     out = {}
     for scheduler in ("fifo", "asha"):
@@ -138,7 +138,7 @@ def asha_vs_fifo(ws, *, trials: int, concurrent: int, epochs: int, seed: int, ta
 
 
 def overhead(ws, *, trials: int, epochs: int, seed: int) -> dict:
-    from rayline.runner import run_pipeline
+    from rayline.pipeline.run import run_pipeline
     from rayline.spec import apply_overrides
 
     lrs = [round(10 ** (-3 + 1.5 * i / max(1, trials - 1)), 6) for i in range(trials)]  # 1e-3 .. ~3e-2

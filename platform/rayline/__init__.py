@@ -45,13 +45,13 @@ __all__ = [
 
 def run(spec: PipelineSpec | str, *, workspace: str | None = None, address: str | None = None,
         deploy: bool = True, host: str = "127.0.0.1", port: int = 8000):
-    """Run a pipeline (a spec object or a spec file path); returns a `runner.RunSummary`.
+    """Run a pipeline (a spec object or a spec file path); returns a `rayline.pipeline.summary.RunSummary`.
 
     Uses the Ray this process is connected to, else connects like `rayline run`. An
     embedded Ray started here keeps running (and serving) until the process exits.
     """
     from rayline.cluster import connect
-    from rayline.runner import run_pipeline
+    from rayline.pipeline.run import run_pipeline
     from rayline.workspace import workspace as make_workspace
 
     spec_path = None

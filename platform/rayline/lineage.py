@@ -68,7 +68,7 @@ def _exists(location: str) -> Optional[bool]:
 
 def _record_status(ws, experiment: str) -> Optional[str]:
     try:
-        from rayline.runner import RECORD_FILE
+        from rayline.pipeline.record import RECORD_FILE
         from rayline.storage import join, read_json
 
         record = read_json(join(ws.runs_dir, experiment, RECORD_FILE))

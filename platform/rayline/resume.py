@@ -1,7 +1,7 @@
 """What resuming an interrupted run needs: who drives a run, whether that driver is gone,
 and a sweep state that never forgets a finished trial.
 
-A run record (runner.RECORD_FILE) names its driver: host, pid and the process's start time.
+A run record (rayline.pipeline.record.RECORD_FILE) names its driver: host, pid and the process's start time.
 A run whose record still says "running" was cut off without a word (SIGKILL, the OOM killer,
 a crash of the machine) when its driver is gone; resuming it while the driver still runs
 would have two processes writing the same checkpoints, so "gone" is decided conservatively:

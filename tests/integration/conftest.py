@@ -137,7 +137,7 @@ def ws(tmp_path_factory):
 
 
 def run(spec, ws, **kwargs):
-    from rayline.runner import run_pipeline
+    from rayline.pipeline.run import run_pipeline
 
     # The session's tests share one workspace: with its data cache on, a test's data stage could be
     # another test's, read back (the key is the data section, not the pipeline's name), and the test

@@ -223,15 +223,16 @@ def test_ctrl_c_during_training_registers_nothing_and_resume_finishes_it(tmp_pat
 
 def test_resume_without_an_interrupted_run_or_with_a_changed_spec_is_refused(tmp_path, ray_session, ws):
     from rayline.errors import RaylineError, SpecError
-    from rayline.runner import RECORD_FILE, _write_record, _training_spec, run_pipeline
+    from rayline.pipeline.record import RECORD_FILE, write_record, training_spec
+    from rayline.pipeline.run import run_pipeline
     from rayline.spec import parse_spec
 
     spec = parse_spec(_spec("irisnothing"))
     with pytest.raises(RaylineError, match=r"^--resume: no interrupted run of 'irisnothing' in .*run without --resume"):
         run_pipeline(spec, ws, resume=True, deploy=False)
     folder = Path(ws.runs_dir) / "irisnothing-old"
-    _write_record(str(folder), {"experiment": "irisnothing-old", "spec_name": "irisnothing", "status": "interrupted",
-                                "spec": _training_spec(spec), "created": 1.0})
+    write_record(str(folder), {"experiment": "irisnothing-old", "spec_name": "irisnothing", "status": "interrupted",
+                                "spec": training_spec(spec), "created": 1.0})
     assert (folder / RECORD_FILE).exists()
     changed = parse_spec(_spec("irisnothing", params={**BOOSTER, "eta": 0.3}))
     with pytest.raises(SpecError, match=r"--resume: the spec changed since the interrupted run irisnothing-old: "
@@ -267,7 +268,7 @@ def test_ctrl_c_while_deploying_keeps_the_version_and_leaves_no_app(ray_session,
         if (stage, event) == ("deploy", "start"):
             threading.Thread(target=ctrl_c_once_the_replica_is_starting, daemon=True).start()
 
-    from rayline.runner import run_pipeline
+    from rayline.pipeline.run import run_pipeline
 
     try:
         with pytest.raises(InterruptedRun, match=r"^interrupted while deploying: model irisdeploy version \d+ stays "

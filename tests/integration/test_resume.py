@@ -277,11 +277,11 @@ def test_a_sweep_killed_then_interrupted_resumes_keeping_finished_trials(tmp_pat
 
 
 def _record(runs: Path, experiment: str, run_id: str, status: str, **extra) -> None:
-    from rayline.runner import _training_spec, _write_record
+    from rayline.pipeline.record import training_spec, write_record
     from rayline.spec import parse_spec
 
     spec = parse_spec(_spec("irisrecords"))
-    _write_record(str(runs / experiment), {"experiment": experiment, "spec_name": spec.name, "spec": _training_spec(spec),
+    write_record(str(runs / experiment), {"experiment": experiment, "spec_name": spec.name, "spec": training_spec(spec),
                                            "spec_raw": spec.model_dump(by_alias=True, exclude_none=True),
                                            "run_id": run_id, "status": status, "created": 1.0, **extra})
 
@@ -292,7 +292,7 @@ def test_which_runs_resume_can_take(tmp_path):
     later process) is, by `--resume` and by run id; unknown and finished ids are one line, exit 1."""
     from rayline.errors import RaylineError
     from rayline.resume import driver_info, driver_state
-    from rayline.runner import _interrupted_run, find_run
+    from rayline.pipeline.record import interrupted_run, find_run
     from rayline.spec import parse_spec
     from rayline.workspace import workspace
 
@@ -330,7 +330,7 @@ def test_which_runs_resume_can_take(tmp_path):
     _record(runs, "e-killed", "r-killed", "running", driver=dead, created=2.0)
     _record(runs, "f-live", "r-live2", "running", driver=me, created=3.0)
     spec = parse_spec(_spec("irisrecords"))
-    assert _interrupted_run(ws, spec)["experiment"] == "e-killed"
+    assert interrupted_run(ws, spec)["experiment"] == "e-killed"
     claimed = json.loads((runs / "e-killed" / "rayline-run.json").read_text())
     assert claimed["status"] == "running" and claimed["driver"]["pid"] == os.getpid()
 

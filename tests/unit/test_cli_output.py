@@ -8,9 +8,10 @@ import pytest
 import typer
 
 from rayline import cli
+from rayline.cli.run import print_summary
 from rayline.console import console
 from rayline.errors import DataError
-from rayline.runner import RunSummary
+from rayline.pipeline.summary import RunSummary
 
 
 def rayline(*args, cwd, env=None):
@@ -49,7 +50,7 @@ def test_run_summary_prints_markup_like_names_verbatim():
                          valid_metrics={"accuracy": 0.5}, test_metrics={"accuracy": 0.5, "[red]x": 1.0},
                          endpoint="http://127.0.0.1:1/[/]", run_id="[/run]")
     with console.capture() as captured:
-        cli._print_summary(summary, spec=None)
+        print_summary(summary, spec=None)
     text = captured.get()
     for raw in ("[/a]", "[bold]1", "[red]x", "http://127.0.0.1:1/[/]", "[/run]"):
         assert raw in text, raw
@@ -67,7 +68,7 @@ def test_a_pbt_winners_restarts_are_not_called_worker_failures():
                                 ("asha", "worker failures: training restarted from the checkpoints of epochs [5]")):
         spec = parse_spec({**raw, "tune": {**raw["tune"], "scheduler": scheduler}})
         with console.capture() as captured:
-            cli._print_summary(summary, spec=spec)
+            print_summary(summary, spec=spec)
         assert expected in captured.get()
 
 

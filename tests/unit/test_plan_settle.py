@@ -8,7 +8,7 @@ import pytest
 
 from rayline.errors import ResourceError
 from rayline.resources import plan_resources
-from rayline.runner import plan_when_settled
+from rayline.pipeline.plan import plan_when_settled
 from rayline.spec.models import TrainSpec
 
 

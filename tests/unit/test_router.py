@@ -43,14 +43,14 @@ def test_gate_waits_for_min_requests_then_names_the_limit_with_numbers():
 
 
 def test_status_line_says_split_gate_and_rollback():
-    from rayline.cli import _rollout_line
+    from rayline.cli.serve import rollout_line
 
-    assert _rollout_line("digits", {"weights": {"1": 90, "2": 10}, "champion": "1", "canary": "2",
+    assert rollout_line("digits", {"weights": {"1": 90, "2": 10}, "champion": "1", "canary": "2",
                                     "gate": {"max_error_rate": 0.02, "max_p99_ms": None, "min_requests": 100}}) == (
         "digits: version 1 champion 90%, version 2 canary 10%; gate max_error_rate 0.02, min_requests 100")
     gone = {"version": "2", "limit": "max_p99_ms", "detail": "p99 80.0 ms > max_p99_ms 50 over 100 requests",
             "at": "2026-11-22T16:00:00Z"}
-    assert _rollout_line("digits", {"weights": {"1": 100}, "champion": "1", "canary": None, "rolled_back": gone}) == (
+    assert rollout_line("digits", {"weights": {"1": 100}, "champion": "1", "canary": None, "rolled_back": gone}) == (
         "digits: version 1 champion 100%; canary version 2 rolled back automatically at 2026-11-22T16:00:00Z: "
         "max_p99_ms (p99 80.0 ms > max_p99_ms 50 over 100 requests)")
 

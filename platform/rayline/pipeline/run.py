@@ -7,87 +7,34 @@ can draw it and tests can record it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rayline.errors import InterruptedRun, RaylineError, SpecError, TrainingError
+from rayline.errors import InterruptedRun, SpecError, TrainingError
 from rayline.event_files import mean_throughput
+from rayline.pipeline.plan import plan_when_settled
+from rayline.pipeline.record import interrupted_run, training_spec, write_record
+from rayline.pipeline.summary import RunSummary
 from rayline.spec import PipelineSpec
 from rayline.train.loop import TRAINING_STATS
 from rayline.workspace import Workspace
 
-__all__ = ["RunSummary", "run_pipeline", "STAGES", "RECORD_FILE", "plan_when_settled", "PLAN_SETTLE_S", "find_run"]
+__all__ = ["search_paths", "run_pipeline"]
 
-STAGES = ("data", "train", "register", "deploy")
 log = logging.getLogger(__name__)
+
+
 _BOOKKEEPING = ("epoch", "resumed", *TRAINING_STATS)  # in each history row, but not model metrics
-
-
-@dataclass
-class RunSummary:
-    name: str
-    version: str
-    task: str
-    metric: str
-    valid_metrics: dict
-    test_metrics: dict
-    trials: list = field(default_factory=list)  # TrialOutcome
-    endpoint: str | None = None
-    run_id: str = ""
-    rows: dict = field(default_factory=dict)
-    resumed_from: list = field(default_factory=list)
-    resumed_run: str | None = None  # `--resume`: the interrupted run (experiment) this one continued
-    seconds: dict = field(default_factory=dict)
-    # A sweep over model families: the best trial of each, best first (`leaderboard`).
-    leaderboard: list = field(default_factory=list)
-    data_variants: int = 1  # preprocessing configurations the data stage prepared (one data stage each)
-    report: str | None = None  # the sweep report (HTML; rayline.report), written after registering a sweep
-    tensorboard: str | None = None  # the run's TensorBoard event files (rayline.event_files), one directory per trial
-    throughput: tuple | None = None  # the winner's training samples/s (total, per worker), mean over its epochs
 
 
 def _noop(stage: str, event: str, detail: str = "") -> None:
     pass
-
-
-# Ray's view of free resources lags: a node reports the CPUs its finished tasks gave back with
-# its next resource report. On the three-node test cluster (tests/integration/test_multinode.py),
-# loaded, the data stage's tasks had ended but 1 of 2 CPUs showed free, and the plan failed ("the
-# cluster has 1 available"). A plan that fails while the cluster's total would fit it is tried
-# again for up to this long; one the total cannot fit fails at once.
-PLAN_SETTLE_S = 15.0
-
-
-def plan_when_settled(plan: Callable[[dict], object], available: Callable[[], dict], total: Callable[[], dict],
-                      settle_s: float = PLAN_SETTLE_S, sleep: Callable[[float], None] = time.sleep,
-                      clock: Callable[[], float] = time.monotonic):
-    """`plan(available())`, retried every 0.5 s for `settle_s` while it raises ResourceError and
-    `plan(total())` would not: resources still being given back. The last error otherwise."""
-    from rayline.errors import ResourceError
-
-    deadline = clock() + settle_s
-    while True:
-        try:
-            return plan(available())
-        except ResourceError:
-            if clock() >= deadline:
-                raise
-            try:
-                plan(total())
-            except ResourceError:
-                pass
-            else:
-                sleep(0.5)
-                continue
-            raise
 
 
 def search_paths(spec_path: str | None) -> list[str]:
@@ -97,119 +44,6 @@ def search_paths(spec_path: str | None) -> list[str]:
         folder = Path(spec_path).resolve().parent
         paths = [str(folder), str(folder.parent)] + paths
     return paths
-
-
-# Each run's record, in its experiment folder under the workspace's runs dir: which spec
-# and data it trained, its MLflow run and how it ended. `--resume` looks for the newest
-# interrupted one of a spec and checks that nothing that shapes training changed since.
-RECORD_FILE = "rayline-run.json"
-
-
-def _training_spec(spec: PipelineSpec) -> dict:
-    """The spec as it shapes training, flat (`serve` changes nothing a resumed run already did)."""
-    flat: dict[str, str] = {}
-
-    def walk(prefix: str, value) -> None:
-        if isinstance(value, dict) and value:
-            for key, item in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), item)
-        else:
-            flat[prefix] = json.dumps(value, sort_keys=True)
-
-    walk("", spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"serve"}))
-    return flat
-
-
-def _write_record(folder: str, record: dict) -> None:
-    from rayline.storage import join, write_json
-
-    write_json(join(folder, RECORD_FILE), record)  # never a half-written record (local path or URI)
-
-
-def _records(ws: Workspace) -> list[dict]:
-    """Every run record in the workspace (runs dir: a directory, or a prefix on object storage)."""
-    from rayline.storage import join, list_names, read_json
-
-    records = []
-    for name in list_names(ws.runs_dir):
-        record = read_json(join(ws.runs_dir, name, RECORD_FILE))
-        if isinstance(record, dict):  # else not a run folder, not ours, or from another version
-            records.append(record)
-    return records
-
-
-def _resumable(record: dict, force: bool = False) -> tuple[bool, str]:
-    """Whether a record's run can be resumed now, and if not, why (a phrase). `force`: also when its
-    driver is on another host (which this one cannot check); never when it is provably alive here."""
-    from rayline.resume import driver_state
-
-    status = record.get("status")
-    if status == "interrupted":
-        return True, ""
-    if status != "running":
-        return False, {"registered": f"it finished (model version {record.get('version', '?')} registered)",
-                       "failed": "it failed (start a new run)"}.get(status, f"its status is {status!r}")
-    # "running" with no driver left: SIGKILL, the OOM killer or a crash ended it without a word.
-    state, who = driver_state(record.get("driver"))
-    if state == "gone" or (force and state == "unknown"):
-        return True, ""
-    if state == "alive":
-        return False, f"its driver ({who}) is still running it (allowed: stop that process first, e.g. Ctrl-C)"
-    return False, (f"it is driven by {who}, which this host cannot check: resuming while that driver runs would "
-                   "have two drivers writing the same checkpoints (allowed: resume on that host, where rayline "
-                   f"can tell whether its driver is gone; or, once sure it is, rayline resume {record.get('run_id')} "
-                   "--force)")
-
-
-def find_run(ws: Workspace, run_id: str, force: bool = False) -> dict:
-    """The record of the pipeline run whose MLflow run id is `run_id`, if it can be resumed now
-    (`force`: even when its driver ran on another host; see `_resumable`)."""
-    records = _records(ws)
-    record = next((r for r in records if r.get("run_id") == run_id), None)
-    if record is None:
-        later = next((r for r in records if run_id in r.get("resumed_runs", [])), None)
-        if later is not None:
-            raise RaylineError(f"resume: run {run_id} was resumed already, as run {later.get('run_id')} "
-                               f"(allowed: rayline resume {later.get('run_id')})")
-        raise RaylineError(f"resume: no run {run_id} in {ws.runs_dir} (allowed: the MLflow run id an interrupted "
-                           "run printed, in the same --workspace)")
-    ok, why = _resumable(record, force)
-    if not ok:
-        raise RaylineError(f"resume: run {run_id} cannot be resumed: {why}")
-    if not record.get("spec_raw"):
-        raise RaylineError(f"resume: run {run_id} was recorded without its spec by an older rayline "
-                           f"(allowed: rayline run {record.get('spec_path') or 'SPEC'} --resume)")
-    return record
-
-
-def _interrupted_run(ws: Workspace, spec: PipelineSpec, run_id: str | None = None, force: bool = False) -> dict:
-    """The run to resume: `run_id`'s, else the newest interrupted (or driverless) run of `spec`."""
-    if run_id:
-        record = find_run(ws, run_id, force)
-    else:
-        mine = [r for r in _records(ws) if r.get("spec_name") == spec.name and r.get("status") in ("interrupted", "running")]
-        verdicts = [(r, *_resumable(r)) for r in mine]
-        records = [r for r, ok, _ in verdicts if ok]
-        if not records:
-            busy = [f"{r.get('experiment')}: {why}" for r, ok, why in verdicts if not ok]
-            raise RaylineError(f"--resume: no interrupted run of {spec.name!r} in {ws.runs_dir} "
-                               + (f"that can be resumed now ({'; '.join(busy)[:600]}) " if busy else "")
-                               + "(allowed: run without --resume to start a new one)")
-        record = max(records, key=lambda r: r.get("created", 0))
-    before, now = record.get("spec", {}), _training_spec(spec)
-    changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-    if changed:
-        shown = ", ".join(f"{k} (was {before.get(k, 'unset')}, now {now.get(k, 'unset')})" for k in changed[:5])
-        raise SpecError([f"--resume: the spec changed since the interrupted run {record['experiment']}: {shown}"
-                         f"{' and more' if len(changed) > 5 else ''} (allowed: the same spec and --set options, "
-                         "or run without --resume to start over)"])
-    # Claimed at once, with this process as its driver: a second `--resume` started while this
-    # one prepares its data sees a live driver and refuses.
-    from rayline.resume import driver_info
-    from rayline.storage import join
-
-    _write_record(join(ws.runs_dir, record["experiment"]), {**record, "status": "running", "driver": driver_info()})
-    return record
 
 
 def _end_run(registry, run_id: str, status: str) -> None:
@@ -269,7 +103,7 @@ def run_pipeline(
     ws.ensure()
     seconds: dict[str, float] = {}
     # resume: True for the newest interrupted run of this spec, or a run id (`rayline resume RUN_ID`).
-    previous = _interrupted_run(ws, spec, resume if isinstance(resume, str) else None, force=resume_force) if resume else None
+    previous = interrupted_run(ws, spec, resume if isinstance(resume, str) else None, force=resume_force) if resume else None
     experiment = previous["experiment"] if previous else f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     paths = search_paths(spec_path)
     resume_command = resume_command or shlex.join(
@@ -348,12 +182,12 @@ def run_pipeline(
 
     # driver: who runs it (host, pid, start time), so a later --resume can tell a killed run from
     # a live one; spec_raw: the whole spec as parsed, for `rayline resume RUN_ID` without the file.
-    record = {"experiment": experiment, "spec_name": spec.name, "spec_path": spec_path or "", "spec": _training_spec(spec),
+    record = {"experiment": experiment, "spec_name": spec.name, "spec_path": spec_path or "", "spec": training_spec(spec),
               "spec_raw": spec.model_dump(by_alias=True, exclude_none=True), "driver": driver_info(),
               "workspace": ws.location,
               "fingerprint": data.fingerprint, "data_cache_keys": [p.cache_key for p in prepared], "run_id": run_id, "created": (previous or {}).get("created", time.time()),
               "status": "running", "resumed_runs": (previous or {}).get("resumed_runs", []) + ([previous["run_id"]] if previous else [])}
-    _write_record(folder, record)
+    write_record(folder, record)
     try:
         t0 = time.monotonic()
         if spec.tune:
@@ -439,7 +273,7 @@ def run_pipeline(
         sweep_in_background()  # the cut-off Train runs' groups, in a driver that lives on
         _end_run(registry, run_id, "KILLED")
         # A sweep or a training run resumes from its saved state (Tune's, or Train's checkpoints).
-        _write_record(folder, {**record, "status": "interrupted"})
+        write_record(folder, {**record, "status": "interrupted"})
         what = str(exc) if isinstance(exc, InterruptedRun) else (
             "interrupted while " + ("training" if "train" not in seconds else "registering"))
         raise InterruptedRun(f"{what}; nothing registered; MLflow run {run_id} marked KILLED; "
@@ -448,9 +282,9 @@ def run_pipeline(
     except BaseException:
         sweep_in_background()
         _end_run(registry, run_id, "FAILED")
-        _write_record(folder, {**record, "status": "failed"})
+        write_record(folder, {**record, "status": "failed"})
         raise
-    _write_record(folder, {**record, "status": "registered", "version": mv.version})
+    write_record(folder, {**record, "status": "registered", "version": mv.version})
     report = None
     if spec.tune:  # the sweep report, also logged to the MLflow run; a failure is a warning, never a failed run
         from rayline.report import report_after_sweep
@@ -548,4 +382,3 @@ def _add_test_metrics(artifact: str, test_metrics: dict) -> None:
     from rayline.files import atomic_write
 
     atomic_write(path, json.dumps(meta, indent=1))
-

@@ -1,0 +1,5 @@
+"""`python -m rayline.cli`: the `rayline` command."""
+
+from rayline.cli import main
+
+main()

@@ -1,0 +1,84 @@
+"""`rayline models [list|show]` and `rayline report`: registered models, their lineage, a sweep's report."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from rayline.cli.apps import app, models_app
+from rayline.cli.options import WorkspaceOpt, open_workspace
+from rayline.console import console
+from rayline.errors import RaylineError
+
+
+@models_app.command("list")
+def models(name: Optional[str] = typer.Argument(None, help="A model name; default: every model."),
+           workspace: Optional[Path] = WorkspaceOpt,
+           output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
+    """Registered models, their versions and metrics (also `rayline models [NAME]`)."""
+    # MLflow logs its store set-up at INFO ("Creating initial MLflow database tables...")
+    # into the table's output; it reads this when first imported.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    from rayline.redact import redact_uri
+    from rayline.registry import Registry
+
+    if output not in ("table", "json"):
+        raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json)")
+    versions = Registry(open_workspace(workspace)).list_models(name)
+    if output == "json":  # an artifact source may hold credentials (https://user:token@host/...)
+        print(json.dumps([{**v.__dict__, "source": redact_uri(v.source)} for v in versions], indent=2, default=str))
+        return
+    table = Table(title="registered models")
+    for col in ("model", "version", "framework", "created", "test metrics"):
+        table.add_column(col)
+    for v in versions:
+        test = ", ".join(f"{k[5:]}={val:.4f}" for k, val in sorted(v.metrics.items()) if k.startswith("test_") and k != "test_log_loss")
+        table.add_row(v.name, v.version, v.framework, v.created, test)
+    if not versions:
+        console.print("no registered models yet: run `rayline run SPEC`")
+        return
+    console.print(table)
+
+
+@models_app.command("show")
+def models_show(name: str = typer.Argument(..., help="A registered model name."),
+                version: Optional[str] = typer.Option(None, "--version", help="The version (default: the newest)."),
+                workspace: Optional[Path] = WorkspaceOpt,
+                output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
+    """A version's lineage: the data (source, fingerprint, data cache entry), the pipeline run, the winning
+    trial and its checkpoint, the version's metrics, and the deployments that gave it traffic."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no store set-up chatter in the output
+    from rayline.lineage import lineage, lineage_lines
+
+    if output not in ("table", "json"):
+        raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json)")
+    item = lineage(open_workspace(workspace), name, version)
+    if output == "json":
+        print(json.dumps(item.to_dict(), indent=2, default=str))
+        return
+    for line in lineage_lines(item):
+        console.print(line)
+
+
+@app.command()
+def report(target: str = typer.Argument(..., metavar="RUN_ID|NAME", help="The MLflow run id `rayline run` printed "
+                                        "(a trial's run id names its sweep), or a pipeline name: its newest run with "
+                                        "tuning trials."),
+           workspace: Optional[Path] = WorkspaceOpt,
+           output: Optional[Path] = typer.Option(None, "--output", "-o", help="HTML file to write (default: "
+                                                 "<workspace>/reports/<name>-<run id>.html).")) -> None:
+    """A sweep's report as one self-contained HTML file: learning curves, parameters against the metric,
+    the scheduler's decisions, model families, the winner and its test metrics."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no store set-up chatter in the output
+    from rayline.report import open_store, write_report
+
+    result = write_report(open_store(open_workspace(workspace)), target, output)
+    sweep = result.sweep
+    console.print(f"wrote {result.path} ({result.bytes / 1e6:.1f} MB, {result.seconds:.1f} s): sweep of "
+                  f"{sweep.name}, run {sweep.run_id}, {len(sweep.trials)} trials, "
+                  f"winner {sweep.winner.trial_id if sweep.winner else '-'}")

@@ -1,0 +1,33 @@
+"""What a pipeline run gives back (`RunSummary`) and the names of its stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["STAGES", "RunSummary"]
+
+STAGES = ("data", "train", "register", "deploy")
+
+
+@dataclass
+class RunSummary:
+    name: str
+    version: str
+    task: str
+    metric: str
+    valid_metrics: dict
+    test_metrics: dict
+    trials: list = field(default_factory=list)  # TrialOutcome
+    endpoint: str | None = None
+    run_id: str = ""
+    rows: dict = field(default_factory=dict)
+    resumed_from: list = field(default_factory=list)
+    resumed_run: str | None = None  # `--resume`: the interrupted run (experiment) this one continued
+    seconds: dict = field(default_factory=dict)
+    # A sweep over model families: the best trial of each, best first (`leaderboard`).
+    leaderboard: list = field(default_factory=list)
+    data_variants: int = 1  # preprocessing configurations the data stage prepared (one data stage each)
+    report: str | None = None  # the sweep report (HTML; rayline.report), written after registering a sweep
+    tensorboard: str | None = None  # the run's TensorBoard event files (rayline.event_files), one directory per trial
+    throughput: tuple | None = None  # the winner's training samples/s (total, per worker), mean over its epochs
