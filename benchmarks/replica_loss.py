@@ -208,7 +208,7 @@ def main(argv=None) -> int:
                      "--set", "tune.num_samples=1", "--set", "train.epochs=3", "--set", "serve.replicas.min=2",
                      "--set", "serve.replicas.max=2", timeout_s=900)
         wait_http(f"{url}/health", timeout_s=120)
-        from rayline.cluster import connect
+        from rayline.cluster.connection import connect
         from rayline.workspace import workspace
 
         conn = connect(workspace(str(ws), None))

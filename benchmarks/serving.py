@@ -120,13 +120,13 @@ def _healthy(url: str) -> bool:
 
 def _head_alive(ws: Path) -> bool:
     """Whether `ws` records a live head from `rayline cluster up` (then it is not ours to stop)."""
-    from rayline.cluster import cluster_status
+    from rayline.cluster.head import cluster_status
     from rayline.workspace import workspace
 
     return bool(cluster_status(workspace(str(ws), None)).get("alive"))
 
 
-def _head_temp_dir(ws: Path) -> str | None:
+def head_temp_dir(ws: Path) -> str | None:
     try:
         return json.loads((ws / "cluster.json").read_text()).get("temp_dir")
     except (OSError, ValueError):
@@ -137,10 +137,10 @@ def _ingress(ws: Path) -> str:
     """Which Serve ingress (b) ran behind: an haproxy process of this head, or Ray's Python proxy."""
     import psutil
 
-    temp_dir = _head_temp_dir(ws)
-    from rayline.cluster import _haproxy_dir
+    temp_dir = head_temp_dir(ws)
+    from rayline.cluster.head import haproxy_state_dir
 
-    mark = _haproxy_dir(temp_dir) if temp_dir else None  # HAProxy's config lives in this head's state dir
+    mark = haproxy_state_dir(temp_dir) if temp_dir else None  # HAProxy's config lives in this head's state dir
     for proc in psutil.process_iter(["name", "cmdline"]):
         try:
             if "haproxy" in (proc.info["name"] or "") and (not mark or any(mark in a for a in proc.info["cmdline"] or ())):
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
         machine = machine_info(PACKAGES)
-        machine["ingress"] = _ingress(ws) if _head_temp_dir(ws) else "unknown (endpoint not on a `rayline cluster up` head)"
+        machine["ingress"] = _ingress(ws) if head_temp_dir(ws) else "unknown (endpoint not on a `rayline cluster up` head)"
         client = load_client(args.client)
         machine["client"] = f"hey ({client.binary})" if hasattr(client, "binary") else "aiohttp (harness.LoadClient)"
         print(f"measuring ({args.warmup:g} s warm-up + {args.seconds:g} s each):", flush=True)
@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
 def stop_head(ws: Path, ray_port: int, remove_session: bool) -> None:
     """`rayline cluster down` of the head this run started, what it leaves behind, and (with
     `remove_session`) that head's Ray session logs."""
-    head_temp = _head_temp_dir(ws)
+    head_temp = head_temp_dir(ws)
     _teardown_cluster(ws)
     _stop_strays(ray_port)
     if remove_session and head_temp:

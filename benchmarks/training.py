@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--json-out")
     args = parser.parse_args()
 
-    from rayline.cluster import connect
+    from rayline.cluster.connection import connect
     from rayline.workspace import workspace
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-training-", dir=ROOT / "benchmarks"))

@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
 
-    from rayline.cluster import connect
+    from rayline.cluster.connection import connect
     from rayline.workspace import workspace
 
     folder = Path(tempfile.mkdtemp(prefix="tuning-bench-", dir=ROOT / "benchmarks"))

@@ -50,7 +50,7 @@ def run(spec: PipelineSpec | str, *, workspace: str | None = None, address: str 
     Uses the Ray this process is connected to, else connects like `rayline run`. An
     embedded Ray started here keeps running (and serving) until the process exits.
     """
-    from rayline.cluster import connect
+    from rayline.cluster.connection import connect
     from rayline.pipeline.run import run_pipeline
     from rayline.workspace import workspace as make_workspace
 

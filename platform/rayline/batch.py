@@ -271,7 +271,7 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
         if schema is not None:
             _check_columns(list(schema.names), features, keep, where, out_columns)
 
-    from rayline.cluster import cluster_address, connect
+    from rayline.cluster.connection import cluster_address, connect
 
     chosen = choose_engine(engine, fmt, files, schema, _ray_running() or bool(cluster_address(ws, address)))
     from rayline.files import atomic_path

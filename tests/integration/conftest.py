@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(items):
 def ray_session():
     import ray
 
-    from rayline.cluster import quiet_ray, serve_env, train_env
+    from rayline.cluster.env import quiet_ray, serve_env, train_env
 
     quiet_ray()
     # 2 logical CPUs, as on the CI machine: the resource planner must make this fit. The
@@ -53,7 +53,7 @@ def ray_session():
     os.environ.setdefault("RAYLINE_TEST_API_KEYS", "test-env-key-" + os.urandom(12).hex())
     # address="local": always a new Ray of its own, never one that another `ray start` on this
     # machine recorded in /tmp/ray/ray_current_cluster (ray.init() would join that one).
-    from rayline.cluster import pin_state_api
+    from rayline.cluster.connection import pin_state_api
 
     ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=pin_state_api(None), log_to_driver=False,
              namespace="rayline-tests")

@@ -39,7 +39,7 @@ _START_TIMEOUT_S = 180  # `ray start` took 9-23 s per node on the loaded 2-core 
 _START_ATTEMPTS = 2
 
 
-def _ray_cli() -> str:
+def ray_cli() -> str:
     return shutil.which("ray", path=os.path.dirname(sys.executable)) or "ray"
 
 
@@ -94,7 +94,7 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def env(self, node: Node | None = None) -> dict:
-        from rayline.cluster import serve_env, train_env
+        from rayline.cluster.env import serve_env, train_env
 
         # Ray Train's run state (attempts, each worker's rank and node) in the dashboard; read where
         # the trainer is built (the job's driver, on the head) -- every node gets it alike.
@@ -109,7 +109,7 @@ class LocalCluster:
             env.update(serve_env(None, state_dir=node.haproxy_dir))
             base = self.port_base + 10 * node.index
             if node.index and self.auth is None:
-                from rayline.cluster import token_auth_on
+                from rayline.cluster.connection import token_auth_on
 
                 if token_auth_on():  # a joining node sends the token only in token mode (set explicitly)
                     env["RAY_AUTH_MODE"] = "token"
@@ -128,16 +128,16 @@ class LocalCluster:
         node = node or self._new_node(num_cpus)
         base = self.port_base + 10 * node.index
         ports = [f"{name}={base + k}" for k, name in enumerate(_PORT_NAMES)]
-        cmd = [_ray_cli(), "start", *args, f"--num-cpus={num_cpus}", f"--temp-dir={node.temp_dir}",
+        cmd = [ray_cli(), "start", *args, f"--num-cpus={num_cpus}", f"--temp-dir={node.temp_dir}",
                f"--labels={_LABEL}={node.name}", "--disable-usage-stats", *ports]
         for attempt in range(_START_ATTEMPTS):
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_START_TIMEOUT_S, env=self.env(node))
             if proc.returncode == 0:
                 return node
             # What the failed start left (a raylet that never registered) goes before the next try.
-            from rayline.cluster import _stop_head
+            from rayline.cluster.head import stop_head
 
-            _stop_head(node.info, grace_s=5)
+            stop_head(node.info, grace_s=5)
             os.makedirs(node.haproxy_dir, exist_ok=True)
         raise RuntimeError(f"{' '.join(cmd)} failed {_START_ATTEMPTS} times; last:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
@@ -168,7 +168,7 @@ class LocalCluster:
     # -- Ray's state, from the head's dashboard (the state API over HTTP) --
 
     def headers(self) -> dict:
-        from rayline.cluster import token_auth_on
+        from rayline.cluster.connection import token_auth_on
 
         if self.auth is not None:
             token = self.auth.get("RAY_AUTH_TOKEN")
@@ -214,9 +214,9 @@ class LocalCluster:
         """SIGKILL every process of `node` (raylet, agents, workers, its HAProxy) at once: a machine dying."""
         import psutil
 
-        from rayline.cluster import _head_processes
+        from rayline.cluster.head import head_processes
 
-        procs = _head_processes(node.temp_dir, None, node.haproxy_dir)
+        procs = head_processes(node.temp_dir, None, node.haproxy_dir)
         for proc in procs:
             try:
                 proc.send_signal(signal.SIGKILL)
@@ -237,13 +237,13 @@ class LocalCluster:
 
     def shutdown(self) -> list[str]:
         """Stop every node this cluster started, workers first, the head last; return what is left."""
-        from rayline.cluster import _head_processes, _stop_head
+        from rayline.cluster.head import head_processes, stop_head
 
         for node in reversed(self.nodes):
-            _stop_head(node.info, grace_s=5)
+            stop_head(node.info, grace_s=5)
         left = []
         for node in self.nodes:
-            left += [f"{p.pid} {' '.join(p.cmdline())[:150]}" for p in _head_processes(node.temp_dir, None, node.haproxy_dir)]
+            left += [f"{p.pid} {' '.join(p.cmdline())[:150]}" for p in head_processes(node.temp_dir, None, node.haproxy_dir)]
             shutil.rmtree(node.temp_dir, ignore_errors=True)
             shutil.rmtree(node.haproxy_dir, ignore_errors=True)
         return left

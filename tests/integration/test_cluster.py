@@ -47,7 +47,7 @@ def _remove_head_dirs(tmp_path):
         if ws.is_dir():
             if (ws / "cluster.json").exists():  # a failed test's head: stop it, or it holds the ports of the next
                 _cli(ws, "cluster", "down")
-            temp_dir = _head_temp_dir(ws)
+            temp_dir = head_temp_dir(ws)
             for path in (temp_dir, "/tmp/rlhap-" + temp_dir.rsplit("-", 1)[-1]):
                 shutil.rmtree(path, ignore_errors=True)
 
@@ -66,11 +66,11 @@ def _up(ws, i, *extra, env=None):
     return json.loads((ws / "cluster.json").read_text())
 
 
-def _head_temp_dir(ws):
-    from rayline.cluster import _head_temp_dir
+def head_temp_dir(ws):
+    from rayline.cluster.head import head_temp_dir
     from rayline.workspace import workspace
 
-    return _head_temp_dir(workspace(ws))
+    return head_temp_dir(workspace(ws))
 
 
 def _processes_naming(temp_dir, port):
@@ -137,7 +137,7 @@ def _job_runs_on(dashboard: str) -> None:
 
 
 def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
-    from rayline.cluster import _head_processes
+    from rayline.cluster.head import head_processes
 
     ws_a, ws_b = tmp_path / "a", tmp_path / "b"
     agent_port = _hold_port(52365)  # as another Ray on this machine would (None: one already does)
@@ -187,7 +187,7 @@ def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
         assert "token auth OFF" in exposed.stdout
         info_b = json.loads((ws_b / "cluster.json").read_text())
         assert info_b["host"] == "0.0.0.0" and info_b["loopback"] is False and info_b["token_auth"] is False
-        assert _head_processes(info_a["temp_dir"]) and _head_processes(info_b["temp_dir"])
+        assert head_processes(info_a["temp_dir"]) and head_processes(info_b["temp_dir"])
         # No Serve on head B yet, and its port is held by a process that is not Serve: an error
         # naming the port and the holder, before anything deploys.
         with socket.socket() as holder:
@@ -286,7 +286,7 @@ HELD_PORT = QUICK_START_PORT + 3
 # rayline.serve.app.deploy of the registered diabetes v1, from a driver on the workspace's head.
 _DEPLOY_DRIVER = """
 import sys
-from rayline.cluster import connect
+from rayline.cluster.connection import connect
 from rayline.errors import ServeError
 from rayline.serve.app import deploy
 from rayline.spec import load_spec
@@ -314,7 +314,7 @@ _SERVE_DRIVER = """
 import sys
 import httpx
 from ray import serve
-from rayline.cluster import connect
+from rayline.cluster.connection import connect
 from rayline.workspace import workspace
 
 conn = connect(workspace(None))
@@ -338,14 +338,14 @@ conn.shutdown()
 def test_default_head_listens_on_loopback_only_and_down_stops_every_process(tmp_path):
     """`cluster up` binds every port of the head to 127.0.0.1 (the Ray Client server's too), and
     `cluster down` leaves no process of it: GCS, raylet, dashboard, client server, HAProxy."""
-    from rayline.cluster import _head_processes
+    from rayline.cluster.head import head_processes
 
     ws = tmp_path / "lo"
     info = _up(ws, 2)
     port = HEAD_PORTS[2]
     try:
         assert info["loopback"] is True and info["host"] == "127.0.0.1"
-        procs = _head_processes(info["temp_dir"], str(port), info["haproxy_dir"])
+        procs = head_processes(info["temp_dir"], str(port), info["haproxy_dir"])
         names = {p.pid: " ".join(p.cmdline()) for p in procs}
         assert any("ray.util.client.server" in line and f"--port={CLIENT_PORTS[2]}" in line for line in names.values())
         assert any("gcs_server" in line for line in names.values()) and any("dashboard.py" in line for line in names.values())
@@ -360,7 +360,7 @@ def test_default_head_listens_on_loopback_only_and_down_stops_every_process(tmp_
         drv = subprocess.run([sys.executable, "-c", _SERVE_DRIVER, str(serve_port)], capture_output=True, text=True,
                              cwd=ROOT, env=env, timeout=300)
         assert drv.returncode == 0 and drv.stdout.strip().endswith("hi"), drv.stdout[-2000:] + drv.stderr[-3000:]
-        procs = _head_processes(info["temp_dir"], str(port), info["haproxy_dir"])
+        procs = head_processes(info["temp_dir"], str(port), info["haproxy_dir"])
         assert any(_name(p) == "haproxy" for p in procs), [_name(p) for p in procs]
         pids = [p.pid for p in procs]
 
@@ -389,7 +389,7 @@ def test_up_that_times_out_stops_what_it_started_and_records_nothing(tmp_path):
     # shorter limit (that head is stopped first), so the test never depends on one timing.
     for i, limit in enumerate(("5", "3.5", "2.5")):
         ws = tmp_path / f"slow{i}"
-        temp_dir = _head_temp_dir(ws)
+        temp_dir = head_temp_dir(ws)
         proc = _cli(ws, "cluster", "up", f"--port={HEAD_PORTS[3]}", f"--dashboard-port={DASHBOARD_PORTS[3]}",
                     f"--client-port={CLIENT_PORTS[3]}", env={"RAYLINE_CLUSTER_START_TIMEOUT_S": limit}, timeout=120)
         if proc.returncode != 0:
@@ -407,7 +407,7 @@ def test_up_that_times_out_stops_what_it_started_and_records_nothing(tmp_path):
 
 def test_ctrl_c_during_up_stops_what_it_started_and_exits_130(tmp_path):
     ws = tmp_path / "int"
-    temp_dir = _head_temp_dir(ws)
+    temp_dir = head_temp_dir(ws)
     env = {**os.environ, "RAYLINE_WORKSPACE": str(ws)}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen([sys.executable, "-m", "rayline.cli", "cluster", "up", f"--port={HEAD_PORTS[3]}",

@@ -57,7 +57,7 @@ def cluster(tmp_path_factory):
         pytest.skip(reason)
     from ray._private.services import get_node_ip_address
 
-    from rayline.cluster import _stop_head
+    from rayline.cluster.head import stop_head
 
     base = tmp_path_factory.mktemp("nodes")
     hidden = base / "node-local"  # the worker node sees an empty tmpfs here
@@ -86,7 +86,7 @@ def cluster(tmp_path_factory):
         yield {"address": f"{ip}:{GCS_PORT}", "hidden": hidden, "shared": shared, "temp_dirs": temp_dirs}
     finally:
         for temp_dir in reversed(temp_dirs):
-            _stop_head({"temp_dir": temp_dir, "address": "", "haproxy_dir": f"/tmp/rlst-none-{tag}"}, grace_s=5)
+            stop_head({"temp_dir": temp_dir, "address": "", "haproxy_dir": f"/tmp/rlst-none-{tag}"}, grace_s=5)
 
 
 _DRIVER = """

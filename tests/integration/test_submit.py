@@ -59,9 +59,10 @@ def _start_head(temp_dir, auth):
     """`ray start --head` with token auth on, as on a cluster rayline did not start (KubeRay, the launcher)."""
     import subprocess
 
-    from rayline.cluster import _ray_cli, train_env
+    from rayline.cluster.env import train_env
+    from rayline.cluster.head import ray_cli
 
-    cmd = [_ray_cli(), "start", "--head", f"--port={_GCS}", "--num-cpus=2", "--disable-usage-stats",
+    cmd = [ray_cli(), "start", "--head", f"--port={_GCS}", "--num-cpus=2", "--disable-usage-stats",
            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={_DASH}",
            f"--ray-client-server-port={_CLIENT}", f"--temp-dir={temp_dir}",
            *(f"{flag}={port}" for flag, port in _AGENT_PORTS.items())]
@@ -73,7 +74,7 @@ def _start_head(temp_dir, auth):
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
     """A token-auth head on this module's ports, a workspace for its jobs, and a project to submit."""
-    from rayline.cluster import _stop_head
+    from rayline.cluster.head import stop_head
 
     root = tmp_path_factory.mktemp("submit")
     ws, project = root / "ws", root / "proj"
@@ -93,7 +94,7 @@ def head(tmp_path_factory):
         yield {"ws": ws, "project": project, "token": token, "outputs": outputs, "root": root,
                "env": {**auth, "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{_DASH}"}}
     finally:
-        _stop_head(head_info)  # this head's processes only (found by its temp dir); never `ray stop`
+        stop_head(head_info)  # this head's processes only (found by its temp dir); never `ray stop`
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

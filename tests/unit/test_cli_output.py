@@ -158,7 +158,7 @@ def test_ray_datas_no_cpus_warning_stays_out_of_the_terminal():
     read on a freshly started embedded Ray; rayline keeps that one (only) off the terminal."""
     import logging
 
-    from rayline.cluster import quiet_driver_logs
+    from rayline.cluster.env import quiet_driver_logs
 
     quiet_driver_logs()
     terminal = [h for h in logging.getLogger("ray.data").handlers if "File" not in type(h).__name__]

@@ -167,7 +167,7 @@ def test_a_token_cluster_without_the_right_token_is_one_line(sent, message):
 def decisions(monkeypatch, tmp_path):
     """rayline.cluster's token decision, recorded instead of applied (Ray's config in this process is
     left alone); the client has a token file in HOME, as after any earlier `ray start`."""
-    from rayline import cluster
+    from rayline.cluster import connection as cluster
 
     (tmp_path / ".ray").mkdir()
     (tmp_path / ".ray" / "auth_token").write_text("rl-cluster-token")
@@ -185,24 +185,24 @@ def _expected(servers):
 
 
 def test_an_explicit_address_gets_the_token_mode_its_cluster_uses(servers, decisions):
-    from rayline.cluster import _match_cluster_auth
+    from rayline.cluster.connection import match_cluster_auth
 
-    _match_cluster_auth(servers.gcs_address)
+    match_cluster_auth(servers.gcs_address)
     assert decisions == _expected(servers)
 
 
 def test_ray_client_addresses_are_asked_too(servers, decisions):
-    from rayline.cluster import _match_cluster_auth
+    from rayline.cluster.connection import match_cluster_auth
 
-    _match_cluster_auth(servers.client_address)
+    match_cluster_auth(servers.client_address)
     assert decisions == _expected(servers) and servers.calls[0] is None
 
 
 def test_auto_asks_the_cluster_ray_would_join_from_ray_address(servers, decisions, monkeypatch):
-    from rayline.cluster import _match_cluster_auth
+    from rayline.cluster.connection import match_cluster_auth
 
     monkeypatch.setenv("RAY_ADDRESS", servers.gcs_address)
-    _match_cluster_auth("auto")
+    match_cluster_auth("auto")
     assert decisions == _expected(servers) and servers.calls
 
 
@@ -210,28 +210,28 @@ def test_auto_asks_the_cluster_of_the_latest_ray_start(servers, decisions, monke
     """No RAY_ADDRESS: Ray's "auto" reads the address the latest `ray start` wrote (ray_current_cluster)."""
     import ray._private.services as services
 
-    from rayline.cluster import _match_cluster_auth
+    from rayline.cluster.connection import match_cluster_auth
 
     monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: servers.gcs_address)
     monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset())
-    _match_cluster_auth("auto")
+    match_cluster_auth("auto")
     assert decisions == _expected(servers) and servers.calls
 
 
 def test_auto_with_no_cluster_on_this_machine_decides_nothing(decisions, monkeypatch):
     import ray._private.services as services
 
-    from rayline.cluster import _match_cluster_auth
+    from rayline.cluster.connection import match_cluster_auth
 
     monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
     monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset())
-    _match_cluster_auth("auto")  # ray.init("auto") then says "Could not find any running Ray instance"
+    match_cluster_auth("auto")  # ray.init("auto") then says "Could not find any running Ray instance"
     assert decisions == []
 
 
 def test_an_explicit_auth_mode_is_left_alone_but_the_address_still_asked(servers, decisions, monkeypatch):
-    from rayline.cluster import _match_cluster_auth
+    from rayline.cluster.connection import match_cluster_auth
 
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    _match_cluster_auth(servers.gcs_address)
+    match_cluster_auth(servers.gcs_address)
     assert decisions == [] and servers.calls

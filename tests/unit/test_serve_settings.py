@@ -74,7 +74,7 @@ def test_serving_config_uses_resources_per_replica():
 
 
 def test_serve_env_haproxy_is_private_to_each_ray(monkeypatch):
-    from rayline.cluster import serve_env
+    from rayline.cluster.env import serve_env
 
     monkeypatch.delenv("RAYLINE_SERVE_INGRESS", raising=False)
     for key in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_ENABLE_HA_PROXY",
@@ -89,7 +89,7 @@ def test_serve_env_haproxy_is_private_to_each_ray(monkeypatch):
 
 
 def test_serve_env_proxy_and_bad_choice(monkeypatch):
-    from rayline.cluster import serve_env
+    from rayline.cluster.env import serve_env
 
     assert serve_env("proxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}
     monkeypatch.setenv("RAYLINE_SERVE_INGRESS", "proxy")

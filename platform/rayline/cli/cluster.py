@@ -23,8 +23,8 @@ def cluster_up(workspace: Optional[Path] = WorkspaceOpt,
                                         "(default: this machine only) or 0.0.0.0 (every interface; turn on Ray token auth)."),
                client_port: int = typer.Option(10001, "--client-port", help="Port of Ray's client server (ray://).")) -> None:
     """Start a local Ray head that outlives this command."""
-    from rayline.cluster import cluster_up as up
-    from rayline.cluster import token_auth_on
+    from rayline.cluster.head import cluster_up as up
+    from rayline.cluster.connection import token_auth_on
 
     if host == "0.0.0.0" and not token_auth_on():
         err_console.print("warning: --host 0.0.0.0 opens the head's GCS, dashboard (its Jobs API runs any code) and "
@@ -43,7 +43,7 @@ def cluster_up(workspace: Optional[Path] = WorkspaceOpt,
 @cluster_app.command("down")
 def cluster_down(workspace: Optional[Path] = WorkspaceOpt) -> None:
     """Stop the local Ray head started by `rayline cluster up` (and no other Ray on this machine)."""
-    from rayline.cluster import cluster_down as down
+    from rayline.cluster.head import cluster_down as down
 
     console.print("stopped the local Ray head" if down(open_workspace(workspace)) else "no local Ray head recorded")
 
@@ -51,7 +51,7 @@ def cluster_down(workspace: Optional[Path] = WorkspaceOpt) -> None:
 @cluster_app.command("status")
 def cluster_status(workspace: Optional[Path] = WorkspaceOpt) -> None:
     """Whether the local Ray head is up, and its resources."""
-    from rayline.cluster import cluster_status as status
+    from rayline.cluster.head import cluster_status as status
 
     info = status(open_workspace(workspace))
     if not info["alive"]:

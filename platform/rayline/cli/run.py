@@ -81,7 +81,7 @@ def run(
     # A read-only or unwritable workspace is one line now, not after Ray has started (the runner
     # asks again: it is the library's entry too).
     ws = open_workspace(workspace).ensure()
-    from rayline.cluster import connect
+    from rayline.cluster.connection import connect
 
     with console.status("connecting to Ray..."):
         conn = connect(ws, address, verbose=verbose, ingress=ingress)
@@ -118,7 +118,7 @@ def resume(
     ws = open_workspace(workspace)
     record = find_run(ws, run_id, force)  # unknown, finished or still driven: one line, before Ray starts
     spec = parse_spec(record["spec_raw"], source=f"run {run_id}")
-    from rayline.cluster import connect
+    from rayline.cluster.connection import connect
 
     with console.status("connecting to Ray..."):
         conn = connect(ws, address, verbose=verbose, ingress=ingress)

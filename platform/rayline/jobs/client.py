@@ -35,7 +35,7 @@ def resolve_address(address: str | None, ws) -> tuple[str, str]:
         if value and (var == "RAY_API_SERVER_ADDRESS" or value.startswith(("http://", "https://"))):
             return _as_url(value), var
     if ws is not None:
-        from rayline.cluster import read_head_record
+        from rayline.cluster.connection import read_head_record
 
         record = read_head_record(ws) or {}
         if record.get("dashboard") and record.get("state") != "starting":

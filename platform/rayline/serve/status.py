@@ -32,7 +32,7 @@ def connect_existing(ws, address: Optional[str] = None):
     """
     import os
 
-    from rayline.cluster import recorded_head, connect
+    from rayline.cluster.connection import recorded_head, connect
 
     address = address or os.environ.get("RAY_ADDRESS") or recorded_head(ws) or "auto"
     return connect(ws, address)
