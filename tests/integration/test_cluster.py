@@ -125,7 +125,7 @@ def _hold_port(port: int):
 
 
 def _job_runs_on(dashboard: str) -> None:
-    from rayline.jobs.client import TERMINAL, JobsClient
+    from rayline.jobs.api import TERMINAL, JobsClient
 
     client = JobsClient.connect(dashboard)
     job = client.submit(entrypoint="python -c 'print(40 + 2)'")

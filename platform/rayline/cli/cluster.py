@@ -35,7 +35,7 @@ def cluster_up(workspace: Optional[Path] = WorkspaceOpt,
     verb = "started" if info["started"] else "already running"
     where = "this machine only" if info.get("loopback", True) else f"{info.get('host')}, token auth {'on' if info.get('token_auth') else 'OFF'}"
     console.print(f"Ray head {verb} at {info['address']} (bound to {where}); `rayline run` will use it.", soft_wrap=True)
-    if info.get("loopback"):  # Ray resolves 127.0.0.1 to the external address unless told (rayline/cluster.py)
+    if info.get("loopback"):  # Ray resolves 127.0.0.1 to the external address unless told (rayline/cluster/env.py)
         console.print(f"Ray's own clients (`ray status --address {info['address']}`, ray.init) reach it with "
                       "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 set.", soft_wrap=True)
 
