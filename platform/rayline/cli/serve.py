@@ -108,7 +108,7 @@ def serve_deploy(
     from pydantic import ValidationError
 
     from rayline.serve import versions
-    from rayline.spec.models import CanarySpec
+    from rayline.spec.serve_spec import CanarySpec
 
     limits = {"max_error_rate": max_error_rate, "max_p99_ms": max_p99_ms, "min_requests": min_requests}
     given = [f"--{k.replace('_', '-')}" for k, v in limits.items() if v is not None]
