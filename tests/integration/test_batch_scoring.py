@@ -1,4 +1,4 @@
-"""Batch scoring (`rayline predict NAME --input DATA --output OUT.parquet`, rayline/batch.py) of the
+"""Batch scoring (`rayline predict NAME --input DATA --output OUT.parquet`, rayline/batch/) of the
 session's digits model: 20,000 rows in 5 row groups, scored in process on the session Ray
 (equal to the offline Predictor for every row and to the served endpoint for a sample, rows in
 input order, the `id` column kept to join on), one real CLI run in a subprocess (its own

@@ -3,7 +3,8 @@ files --input names, and the one-line errors checked before Ray starts."""
 
 import pytest
 
-from rayline.batch import _check_columns, input_files, plan_scorers
+from rayline.batch import input_files, plan_scorers
+from rayline.batch.scorer import check_columns
 from rayline.errors import DataError, ResourceError
 
 
@@ -49,9 +50,9 @@ def test_input_files(tmp_path):
 
 def test_columns_checked_before_scoring():
     out = ["prediction", "probability_0"]
-    assert _check_columns(["id", "a", "b"], ["a", "b"], None, "model 'm' v1", out) == ["id", "a", "b"]
-    assert _check_columns(["id", "a", "b"], ["a", "b"], ["id", "id"], "model 'm' v1", out) == ["id"]
+    assert check_columns(["id", "a", "b"], ["a", "b"], None, "model 'm' v1", out) == ["id", "a", "b"]
+    assert check_columns(["id", "a", "b"], ["a", "b"], ["id", "id"], "model 'm' v1", out) == ["id"]
     with pytest.raises(DataError, match=r"^--input: missing feature columns 'b', 'c' that model 'm' v1 needs \(got columns: id, a\)$"):
-        _check_columns(["id", "a"], ["a", "b", "c"], None, "model 'm' v1", out)
+        check_columns(["id", "a"], ["a", "b", "c"], None, "model 'm' v1", out)
     with pytest.raises(DataError, match=r"^--keep: column 'prediction' would clash with an output column"):
-        _check_columns(["prediction", "a"], ["a"], ["prediction"], "model 'm' v1", out)
+        check_columns(["prediction", "a"], ["a"], ["prediction"], "model 'm' v1", out)

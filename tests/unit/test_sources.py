@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rayline.data import sources
+from rayline.data import json_files, sources
+from rayline.data.fingerprint import fingerprint
 from rayline.data.sources import FORMAT_SUFFIXES, format_of, read_file, sample_table, source_schema
 from rayline.errors import DataError, ServeError
 from rayline.serve.client import describe_error_body, load_instances, post_predict, prediction_rows
@@ -107,7 +108,7 @@ def test_the_json_sample_is_bounded_and_a_cut_row_is_not_an_error(tmp_path, monk
     for name in ("big.json", "big.jsonl"):
         assert sample_table(Src("json", tmp_path / name), rows=100).num_rows == 100
     # A prefix that cuts row 3 mid-way: the sample is the rows before it, not a parse error.
-    monkeypatch.setattr(sources, "_JSON_PREFIX_BYTES", 400)
+    monkeypatch.setattr(json_files, "_JSON_PREFIX_BYTES", 400)
     table = sample_table(Src("json", tmp_path / "big.json"), rows=1000)
     assert 0 < table.num_rows < 10 and table.column("a").to_pylist() == list(range(table.num_rows))
 
@@ -306,14 +307,14 @@ def test_the_stat_fingerprint_follows_size_and_mtime_and_the_content_one_the_byt
     path.write_text("x,y\n1,2\n")
     stat = SourceSpec(format="csv", path=str(path))
     content = SourceSpec(format="csv", path=str(path), fingerprint="content")
-    before = sources.fingerprint(stat), sources.fingerprint(content)
+    before = fingerprint(stat), fingerprint(content)
     assert before[0].startswith("stat:") and before[1].startswith("sha256:")
     os.utime(path, ns=(0, 10**9))  # touched: same bytes, another modification time
-    assert sources.fingerprint(stat) != before[0] and sources.fingerprint(content) == before[1]
+    assert fingerprint(stat) != before[0] and fingerprint(content) == before[1]
     path.write_text("x,y\n1,3\n")  # same size, other bytes
     os.utime(path, ns=(0, 10**9))
-    assert sources.fingerprint(stat) == sources.fingerprint(stat)
-    assert sources.fingerprint(content) != before[1]
+    assert fingerprint(stat) == fingerprint(stat)
+    assert fingerprint(content) != before[1]
     with pytest.raises(Exception, match="fingerprint"):
         SourceSpec(format="csv", path=str(path), fingerprint="md5")
 
@@ -409,35 +410,35 @@ def test_an_s3_prefix_is_fingerprinted_by_etag_from_one_listing_without_reading_
     stat = SourceSpec(format="csv", path=f"s3://{name}/data")
     content = SourceSpec(format="csv", path=f"s3://{name}/data", fingerprint="content")
 
-    sources.fingerprint(stat)  # the first opens the bucket's filesystem (pyarrow asks for its region)
+    fingerprint(stat)  # the first opens the bucket's filesystem (pyarrow asks for its region)
     s3_server.log.clear()
-    first = sources.fingerprint(stat)
+    first = fingerprint(stat)
     lists, heads, gets, served = _object_requests(s3_server.log, name)
-    assert first.startswith("stat:") and sources.fingerprint(stat) == first
+    assert first.startswith("stat:") and fingerprint(stat) == first
     # One LIST, one HEAD per object (plus one of the prefix itself: an object of that name would
     # be what Ray reads), and not one byte of any object.
     assert len(lists) == 1 and sorted(h[1] for h in heads) == [f"/{name}/data"] + [f"/{name}/{k}" for k in bodies], s3_server.log
     assert gets == [] and served < OBJECT_BYTES // 4, s3_server.log
     # The same log catches a body read: `content` GETs every byte.
     s3_server.log.clear()
-    hashed = sources.fingerprint(content)
+    hashed = fingerprint(content)
     _, _, gets, served = _object_requests(s3_server.log, name)
     assert hashed.startswith("sha256:") and gets and served >= len(bodies) * OBJECT_BYTES
 
     # One object rewritten with other bytes of the same size: a new ETag, another fingerprint.
     key = "data/part-1.csv"
     client.put_object(Bucket=name, Key=key, Body=rng.bytes(OBJECT_BYTES))
-    assert sources.fingerprint(stat) != first and sources.fingerprint(content) != hashed
+    assert fingerprint(stat) != first and fingerprint(content) != hashed
     # Its old bytes back (an unversioned bucket: the same ETag): the same fingerprints as before.
     client.put_object(Bucket=name, Key=key, Body=bodies[key])
-    assert sources.fingerprint(stat) == first and sources.fingerprint(content) == hashed
+    assert fingerprint(stat) == first and fingerprint(content) == hashed
     # An object added or removed under the prefix changes it too.
     client.put_object(Bucket=name, Key="data/more/part-3.csv", Body=b"x")
-    assert sources.fingerprint(stat) != first
+    assert fingerprint(stat) != first
     client.delete_object(Bucket=name, Key="data/more/part-3.csv")
-    assert sources.fingerprint(stat) == first
+    assert fingerprint(stat) == first
     client.delete_object(Bucket=name, Key="data/part-0.csv")
-    assert sources.fingerprint(stat) != first
+    assert fingerprint(stat) != first
 
 
 def test_on_a_versioned_bucket_a_rewrite_with_the_same_bytes_is_a_new_version(bucket):
@@ -448,10 +449,10 @@ def test_on_a_versioned_bucket_a_rewrite_with_the_same_bytes_is_a_new_version(bu
     client.put_object(Bucket=name, Key="d/rows.parquet", Body=b"PAR1 same bytes PAR1")
     stat = SourceSpec(format="parquet", path=f"s3://{name}/d")
     content = SourceSpec(format="parquet", path=f"s3://{name}/d", fingerprint="content")
-    before = sources.fingerprint(stat), sources.fingerprint(content)
-    assert sources.fingerprint(stat) == before[0]
+    before = fingerprint(stat), fingerprint(content)
+    assert fingerprint(stat) == before[0]
     client.put_object(Bucket=name, Key="d/rows.parquet", Body=b"PAR1 same bytes PAR1")  # same ETag, new version id
-    assert sources.fingerprint(stat) != before[0] and sources.fingerprint(content) == before[1]
+    assert fingerprint(stat) != before[0] and fingerprint(content) == before[1]
 
 
 def test_one_s3_object_is_fingerprinted_by_one_head(s3_server, bucket):
@@ -462,15 +463,15 @@ def test_one_s3_object_is_fingerprinted_by_one_head(s3_server, bucket):
     # A prefix of the same name holds an object too: Ray reads the object alone, and so does this.
     client.put_object(Bucket=name, Key="d/rows.csv/other.csv", Body=b"a,y\n2,1\n")
     stat = SourceSpec(format="csv", path=f"s3://{name}/d/rows.csv")
-    first = sources.fingerprint(stat)
+    first = fingerprint(stat)
     s3_server.log.clear()
-    assert sources.fingerprint(stat) == first
+    assert fingerprint(stat) == first
     lists, heads, gets, _ = _object_requests(s3_server.log, name)
     assert lists == [] and gets == [] and [h[1] for h in heads] == [f"/{name}/d/rows.csv"], s3_server.log
     client.put_object(Bucket=name, Key="d/rows.csv/other.csv", Body=b"a,y\n3,1\n")
-    assert sources.fingerprint(stat) == first
+    assert fingerprint(stat) == first
     client.put_object(Bucket=name, Key="d/rows.csv", Body=b"a,y\n1,1\n")
-    assert sources.fingerprint(stat) != first
+    assert fingerprint(stat) != first
 
 
 def test_an_s3_path_with_no_object_is_a_one_line_data_error(bucket):
@@ -478,6 +479,6 @@ def test_an_s3_path_with_no_object_is_a_one_line_data_error(bucket):
 
     _, name = bucket
     with pytest.raises(DataError) as info:
-        sources.fingerprint(SourceSpec(format="csv", path=f"s3://{name}/nothing/here"))
+        fingerprint(SourceSpec(format="csv", path=f"s3://{name}/nothing/here"))
     assert str(info.value) == (f"data.source.path: no object there or under it (got 's3://{name}/nothing/here'; "
                                "allowed: an object, or a prefix with objects under it)")

@@ -130,7 +130,7 @@ def _write_online(url, api_key, timeout, retries, instances, probabilities, keep
 
 def _score_offline(name, json_body, input_file, output, to_file, version, keep, workspace, probabilities,
                    engine="auto") -> None:
-    """`rayline predict NAME --input DATA --output FILE.parquet`: batch scoring (rayline/batch.py)."""
+    """`rayline predict NAME --input DATA --output FILE.parquet`: batch scoring (rayline/batch/)."""
     if json_body is not None or input_file is None or not to_file:
         got = "--json" if json_body is not None else "no --input" if input_file is None else f"--output {output}"
         raise RaylineError(f"{name}: a registered model name scores a dataset offline: give --input DATA and "

@@ -25,7 +25,8 @@ from rayline.data.profile import MAX_LABEL_VALUES, ProfileRequest, profile_datas
 from rayline.data.schema_check import infer_task
 from rayline.data.split import HASH_COLUMN, TEST, TRAIN, VALID, AddRowHash, Thresholds
 from rayline.data.values import value_key, value_rank
-from rayline.data.sources import fingerprint, read_dataset, unwrap_data_error
+from rayline.data.fingerprint import fingerprint
+from rayline.data.sources import read_dataset, unwrap_data_error
 from rayline.errors import DataError
 
 __all__ = ["PreparedData", "prepare_data", "prepare_variants", "to_training_batch", "PROBE_ROWS"]
