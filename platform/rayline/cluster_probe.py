@@ -29,7 +29,8 @@ from typing import Callable
 
 from rayline.errors import ClusterError
 
-__all__ = ["ClusterUnreachable", "GcsAnswer", "probe_gcs", "probe_ray_client", "probe_jobs_api", "PROBE_TIMEOUT_ENV", "split_address", "seconds_from_env"]
+__all__ = ["ClusterUnreachable", "GcsAnswer", "probe_gcs", "probe_ray_client", "probe_jobs_api", "PROBE_TIMEOUT_ENV",
+           "split_address", "seconds_from_env"]
 
 # The whole probe's bound, so a mistyped address fails within about 10 s with the CLI's start-up
 # (~2-3 s on the 2-core machine). A live head answers the probe in ~0.2 s, loaded or not; a slow

@@ -27,7 +27,8 @@ import time
 
 from ray.tune import Callback
 
-__all__ = ["ReleaseOrphansCallback", "orphaned_placement_groups", "release_orphaned_placement_groups", "sweep_in_background"]
+__all__ = ["ReleaseOrphansCallback", "orphaned_placement_groups", "release_orphaned_placement_groups",
+           "sweep_in_background"]
 
 log = logging.getLogger(__name__)
 

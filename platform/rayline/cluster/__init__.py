@@ -13,4 +13,6 @@ from rayline.cluster.connection import Connection, connect, cluster_address, tok
 from rayline.cluster.env import train_env, serve_env, INGRESS_CHOICES, quiet_ray, quiet_driver_logs
 from rayline.cluster.head import HOST_CHOICES, cluster_up, cluster_down, cluster_status
 
-__all__ = ["Connection", "connect", "cluster_address", "train_env", "serve_env", "INGRESS_CHOICES", "HOST_CHOICES", "cluster_up", "cluster_down", "cluster_status", "token_auth_on", "quiet_ray", "quiet_driver_logs", "pin_state_api"]
+__all__ = ["Connection", "connect", "cluster_address", "train_env", "serve_env", "INGRESS_CHOICES", "HOST_CHOICES",
+           "cluster_up", "cluster_down", "cluster_status", "token_auth_on", "quiet_ray", "quiet_driver_logs",
+           "pin_state_api"]

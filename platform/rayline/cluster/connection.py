@@ -15,7 +15,8 @@ from rayline.ports import free_port
 from rayline.signals import stop_on_sigterm
 from rayline.workspace import Workspace
 
-__all__ = ["Connection", "read_head_record", "recorded_head", "match_cluster_auth", "cluster_address", "connect", "pin_state_api", "token_auth_on"]
+__all__ = ["Connection", "read_head_record", "recorded_head", "match_cluster_auth", "cluster_address", "connect",
+           "pin_state_api", "token_auth_on"]
 
 _TOKEN = Path.home() / ".ray" / "auth_token"
 

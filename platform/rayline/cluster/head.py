@@ -18,7 +18,9 @@ from rayline.errors import ClusterError
 from rayline.ports import free_port
 from rayline.workspace import Workspace
 
-__all__ = ["ray_cli", "head_temp_dir", "haproxy_state_dir", "HOST_CHOICES", "cluster_up", "head_processes", "stop_head", "cluster_down", "cluster_status"]
+__all__ = ["ray_cli", "head_temp_dir", "haproxy_state_dir", "HOST_CHOICES", "cluster_up", "head_processes",
+           "stop_head", "cluster_down", "cluster_status"]
+
 
 def ray_cli() -> str:
     exe = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")

@@ -25,7 +25,8 @@ import numpy as np
 from rayline.data.values import is_missing
 from rayline.errors import DataError
 
-__all__ = ["Batch", "Layout", "AffineOp", "FillNumericOp", "FillCategoryOp", "OneHotOp", "CompiledTransform", "FLOAT32_MAX"]
+__all__ = ["Batch", "Layout", "AffineOp", "FillNumericOp", "FillCategoryOp", "OneHotOp", "CompiledTransform",
+           "FLOAT32_MAX"]
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 

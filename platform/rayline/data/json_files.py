@@ -10,7 +10,8 @@ import re
 
 from rayline.errors import DataError
 
-__all__ = ["is_json_array", "json_error", "json_array_rows", "json_array_table", "rows_table", "json_lines_table", "json_lines_head"]
+__all__ = ["is_json_array", "json_error", "json_array_rows", "json_array_table", "rows_table", "json_lines_table",
+           "json_lines_head"]
 
 # A JSON-array sample is decoded from a prefix of the file, so validating a 1 GB array costs
 # a few MB: 2000 digits rows are ~1.3 MB of JSON. Doubled while not even one row fits.

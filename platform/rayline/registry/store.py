@@ -15,7 +15,8 @@ from rayline.files import atomic_write
 from rayline.redact import redact_text, redact_uri
 from rayline.workspace import Workspace
 
-__all__ = ["STORE_LOCK_TIMEOUT_S", "SQLITE_BUSY_TIMEOUT_S", "PREFLIGHT_TIMEOUT_S", "sqlite_path", "one_line", "is_locked", "Store"]
+__all__ = ["STORE_LOCK_TIMEOUT_S", "SQLITE_BUSY_TIMEOUT_S", "PREFLIGHT_TIMEOUT_S", "sqlite_path", "one_line",
+           "is_locked", "Store"]
 
 # MLflow draws a progress bar for every artifact download (the pyfunc model's files when a
 # version registers): dozens of carriage-return frames in `rayline run`'s output and in job

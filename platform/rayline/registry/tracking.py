@@ -10,6 +10,7 @@ import time
 
 __all__ = ["Tracking"]
 
+
 def _flatten(prefix: str, value, out: dict) -> dict:
     """Nested mappings as MLflow params: dotted keys; a list item's `[i]` (tuned preprocessing
     paths such as data.preprocess[0].impute.strategy) as `.i`, since MLflow keys take only

@@ -22,7 +22,8 @@ import httpx
 
 from rayline.errors import DataError, ServeError
 
-__all__ = ["load_instances", "rows_from_table", "check_finite", "post_predict", "describe_error_body", "prediction_rows"]
+__all__ = ["load_instances", "rows_from_table", "check_finite", "post_predict", "describe_error_body",
+           "prediction_rows"]
 
 
 def _reject_constant(name: str):

@@ -39,7 +39,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rayline.serve.oip_codec import HEADER_LENGTH, DecodedRequest, OipError, decode_request, encode_response, model_metadata, translate_detail
 
-__all__ = ["OIP_APP", "OIP_ROUTE", "OipServer", "ServeApps", "LocalApps", "build_oip_app", "build_app", "ensure_oip_app"]
+__all__ = ["OIP_APP", "OIP_ROUTE", "OipServer", "ServeApps", "LocalApps", "build_oip_app", "build_app",
+           "ensure_oip_app"]
 
 OIP_APP = "rayline-v2"
 OIP_ROUTE = "/v2"

@@ -23,7 +23,8 @@ from typing_extensions import NotRequired, TypedDict
 
 from rayline.data.preprocess import FeatureInfo, FittedPreprocessing
 
-__all__ = ["build_request_model", "build_request_adapter", "feature_type", "PredictResponse", "FLOAT32_MAX", "INSTANCE_FORMS", "located"]
+__all__ = ["build_request_model", "build_request_adapter", "feature_type", "PredictResponse", "FLOAT32_MAX",
+           "INSTANCE_FORMS", "located"]
 
 FLOAT32_MAX = 3.4028234663852886e38  # np.finfo(np.float32).max: the model's input dtype
 

@@ -13,6 +13,7 @@ from rayline.spec.problems import problem
 
 __all__ = ["SourceSpec", "SplitSpec", "PREPROCESS_KINDS", "PreprocessStep", "DataSpec"]
 
+
 class SourceSpec(Strict):
     format: Literal["sklearn", "csv", "parquet", "json"] = Field(
         description="Where the rows come from. json: a JSON array of row objects, or JSON Lines (.json, .jsonl, .ndjson).")

@@ -15,7 +15,8 @@ from typing import Any, Iterable, Union
 from pydantic import BaseModel, Tag
 from pydantic.fields import FieldInfo
 
-__all__ = ["Segment", "dotted", "field_named", "unwrap", "model_members", "union_tags", "walk", "allowed_keys", "parse_dotted"]
+__all__ = ["Segment", "dotted", "field_named", "unwrap", "model_members", "union_tags", "walk", "allowed_keys",
+           "parse_dotted"]
 
 Segment = Union[str, int]
 

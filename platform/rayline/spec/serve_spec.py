@@ -14,6 +14,7 @@ from rayline.spec.problems import problem
 
 __all__ = ["ReplicasSpec", "ResourcesSpec", "BatchingSpec", "CanarySpec", "AuthSpec", "ServeSpec"]
 
+
 class ReplicasSpec(Strict):
     min: int = Field(1, ge=0, description="Fewest replicas (0 scales to zero).")
     max: int = Field(1, ge=1, description="Most replicas.")

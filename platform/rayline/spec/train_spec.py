@@ -15,7 +15,8 @@ from rayline.frameworks import BACKENDS
 from rayline.spec.common import Strict
 from rayline.spec.problems import Problem, SpecProblem, problem, short
 
-__all__ = ["ModelSpec", "OptimizerSpec", "WorkersRange", "GRAD_COMPRESSIONS", "GradCompression", "ray_accelerator_types", "TrainSpec"]
+__all__ = ["ModelSpec", "OptimizerSpec", "WorkersRange", "GRAD_COMPRESSIONS", "GradCompression",
+           "ray_accelerator_types", "TrainSpec"]
 
 _IMPORT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 

@@ -13,7 +13,8 @@ from rayline.train.backend import load_backend
 from rayline.storage import join, list_names, read_json
 from rayline.train.loop import read_state
 
-__all__ = ["TrainResult", "train", "scaling_config", "loop_config", "locate_best", "checkpoint_keep", "START_RETRIES", "START_TIMEOUT_ENV"]
+__all__ = ["TrainResult", "train", "scaling_config", "loop_config", "locate_best", "checkpoint_keep",
+           "START_RETRIES", "START_TIMEOUT_ENV"]
 
 # Keep the best checkpoint by the metric plus the latest (Ray Train never deletes the
 # latest: resume needs it). Older, worse checkpoints are removed as training goes.
