@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["BackendInfo", "BACKENDS", "backend_info", "total_units"]
+__all__ = ["BackendInfo", "BACKENDS", "total_units"]
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,9 @@ BACKENDS: dict[str, BackendInfo] = {
 }
 
 
-def backend_info(framework: str) -> BackendInfo:
-    return BACKENDS[framework]
-
 
 def total_units(framework: str, model_params: dict, epochs: int) -> int:
-    """Units of training a run does at most: ASHA's clock (`tune.asha_settings`). Epochs, or for a
+    """Units of training a run does at most: ASHA's clock (`rayline.tune.schedulers.asha_defaults`). Epochs, or for a
     framework that trains in other units (xgboost: boosting rounds) its parameter that counts them
     (epochs when that parameter is not set)."""
     param = BACKENDS[framework].units_param

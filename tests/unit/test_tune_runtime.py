@@ -3,7 +3,8 @@
 import pytest
 
 from rayline.spec import parse_spec
-from rayline.tune.clock import TIME_ATTR, asha_settings, largest_draw, max_workers, total_units
+from rayline.tune.clock import TIME_ATTR, largest_draw, max_workers, total_units
+from rayline.tune.schedulers import asha_defaults
 
 
 def _spec(framework="torch", params=None, epochs=8, space=None, scheduler="asha"):
@@ -18,14 +19,14 @@ def _spec(framework="torch", params=None, epochs=8, space=None, scheduler="asha"
 
 
 def test_torch_asha_counts_epochs():
-    settings = asha_settings(_spec(epochs=8))
+    settings = asha_defaults(total_units(_spec(epochs=8)))
     assert settings == {"time_attr": TIME_ATTR, "max_t": 8, "grace_period": 1, "reduction_factor": 2}
 
 
 def test_xgboost_asha_counts_boosting_rounds_not_reports():
     # 500 rounds reported every 5: the clock must reach 500, not stop at report 50 (round 250) or epochs.
     spec = _spec("xgboost", params={"num_boost_round": 500, "checkpoint_every": 5}, epochs=50)
-    settings = asha_settings(spec)
+    settings = asha_defaults(total_units(spec))
     assert settings["time_attr"] == TIME_ATTR and settings["max_t"] == 500
     assert settings["grace_period"] == 31  # a sixteenth of the run: rungs at 31, 62, 124, 248 rounds
 

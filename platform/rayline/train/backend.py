@@ -50,12 +50,6 @@ class Backend(ABC):
 
         return framework_env(self.name)
 
-    def total_units(self, model_params: dict, epochs: int) -> int:
-        """Units of training a run does at most (rayline.frameworks.total_units: epochs, or xgboost's rounds)."""
-        from rayline.frameworks import total_units
-
-        return total_units(self.name, model_params, epochs)
-
 
 def load_backend(framework: str) -> Backend:
     """Import the training backend module for `framework` (rayline.frameworks) and return its `BACKEND`."""

@@ -190,16 +190,12 @@ def _available_memory() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def _total_rounds(model_params: dict, epochs: int) -> int:
-    return total_units("xgboost", model_params, epochs)
-
-
 def _settings(config: dict) -> tuple[dict, int, int, int, str]:
     """(xgboost params, num_boost_round, early_stopping_rounds, checkpoint_every, external_memory)
     from the loop config."""
     arch = config["arch"]
     params = dict(arch["model"].get("params", {}))
-    rounds = _total_rounds(params, config["epochs"])
+    rounds = total_units("xgboost", params, config["epochs"])
     params.pop("num_boost_round", None)
     early = params.pop("early_stopping_rounds", _DEFAULT_EARLY_STOPPING)
     early = int(early) if early else 0

@@ -15,9 +15,9 @@ from rayline.errors import RaylineError
 from rayline.spec.models import PipelineSpec
 from rayline.spec.overrides import apply_overrides
 from rayline.spec.distributions import largest_value
-from rayline.tune.schedulers import TIME_ATTR, asha_defaults
+from rayline.tune.schedulers import TIME_ATTR
 
-__all__ = ["TIME_ATTR", "largest_draw", "max_workers", "total_units", "asha_settings", "family_spec", "clock_scale"]
+__all__ = ["TIME_ATTR", "largest_draw", "max_workers", "total_units", "family_spec", "clock_scale"]
 
 
 def largest_draw(dist: dict):
@@ -66,15 +66,6 @@ def total_units(spec: PipelineSpec) -> int:
         largest = spec  # a value the spec rejects never reaches a trial either
     return max(1, int(framework_units(spec.model.framework, dict(largest.model.params or {}), largest.train.epochs)))
 
-
-def asha_settings(spec: PipelineSpec) -> dict:
-    """ASHAScheduler arguments: its clock in training units, max_t the most units a trial trains.
-
-    grace_period: a sixteenth of the run (at least one unit), so rungs sit at 1/16, 1/8,
-    1/4, 1/2 of training with reduction factor 2; one boosting round or the first of 40
-    epochs says little about a configuration.
-    """
-    return asha_defaults(total_units(spec))
 
 
 def family_spec(spec: PipelineSpec, index: int) -> PipelineSpec:
