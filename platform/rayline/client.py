@@ -29,6 +29,7 @@ import math
 import random
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,7 +38,7 @@ from rayline.errors import DataError, ServeError
 from rayline.serve.client import check_finite, describe_error_body, rows_from_table
 
 __all__ = ["Client", "ServeRequestError", "PREDICTION_COLUMN", "probability_column", "parse_retry_after",
-           "backoff_delay", "RETRY_STATUSES"]
+           "backoff_delay", "RETRY_STATUSES", "ONLINE_WRITERS", "write_predictions"]
 
 PREDICTION_COLUMN = "prediction"
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -327,3 +328,42 @@ class _Rechunk(Exception):
         super().__init__(size)
         self.size = size
 
+
+ONLINE_WRITERS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
+
+
+def write_predictions(url: str, instances: list[dict], path: Path, *, probabilities: bool = False,
+                      keep: list[str] | None = None, api_key: str | None = None, timeout: float = 60.0,
+                      retries: int = 3) -> tuple[int, str | None]:
+    """The served model's predictions for `instances`, beside the kept input columns (default: every
+    input column the answer does not name), written to `path` (format from its suffix, all or
+    nothing); (rows written, the version that answered)."""
+    import pandas as pd
+
+    from rayline.errors import RaylineError
+    from rayline.files import atomic_path
+
+    kind = ONLINE_WRITERS[path.suffix.lower()]
+    if not path.parent.is_dir():
+        raise RaylineError(f"--output: no such directory {str(path.parent)!r} (got {str(path)!r})")
+    inputs = pd.DataFrame(instances)
+    absent = [k for k in (keep or []) if k not in inputs.columns]
+    if absent:
+        raise RaylineError(f"--keep: no such input column {', '.join(map(repr, absent))} "
+                           f"(allowed: {', '.join(map(str, inputs.columns[:20]))})")
+    with Client(url, api_key=api_key, timeout=timeout, max_retries=retries) as client:
+        # Only the model's features are sent: other input columns (an id) are kept in the file, not refused.
+        features = [f.get("name") for f in client.metadata().get("features") or [] if isinstance(f, dict)]
+        sent = [{k: row[k] for k in features if k in row} for row in instances] if features else instances
+        predicted = client.predict(sent, probabilities)
+        answered = client.version
+    kept = inputs[list(dict.fromkeys(keep))] if keep else inputs.drop(columns=[c for c in predicted.columns if c in inputs.columns])
+    frame = pd.concat([kept.reset_index(drop=True), predicted.reset_index(drop=True)], axis=1)
+    with atomic_path(path) as tmp:
+        if kind == "parquet":
+            frame.to_parquet(tmp, index=False)
+        elif kind == "csv":
+            frame.to_csv(tmp, index=False)
+        else:
+            frame.to_json(tmp, orient="records", lines=True)
+    return len(frame), answered

@@ -283,19 +283,19 @@ NO_AUTH = {"RAY_AUTH_MODE": "disabled"}
 OTHER_SERVE_PORT = QUICK_START_PORT + 2
 HELD_PORT = QUICK_START_PORT + 3
 
-# rayline.serve.app.deploy of the registered diabetes v1, from a driver on the workspace's head.
+# rayline.serve.versions.deploy (what `rayline serve deploy` calls) of diabetes v1, from a driver on
+# the workspace's head.
 _DEPLOY_DRIVER = """
 import sys
 from rayline.cluster.connection import connect
 from rayline.errors import ServeError
-from rayline.serve.app import deploy
-from rayline.spec import load_spec
+from rayline.serve.versions import deploy
 from rayline.workspace import workspace
 
 ws = workspace(None)
 conn = connect(ws)
 try:
-    print("URL", deploy(load_spec("pipelines/diabetes-torch.yaml"), "1", ws, "127.0.0.1", int(sys.argv[1])))
+    print("URL", deploy("diabetes", "1", ws=ws, host="127.0.0.1", port=int(sys.argv[1])).url)
 except ServeError as exc:
     print("ServeError", " ".join(str(exc).split()))
 finally:

@@ -114,7 +114,7 @@ def test_http_predictions_equal_the_predictions_made_while_training(digits, ws, 
 def test_http_predictions_give_exactly_the_recorded_test_metrics(digits, ws, test_split):
     """HTTP predictions on the whole test split score exactly the test metrics registered with the
     version, as sklearn computes them. Those figures are computed at registration by the serving
-    Predictor in Ray tasks, per block of the test split, merged in the driver (rayline/pipeline/run.py,
+    Predictor in Ray tasks, per block of the test split, merged in the driver (rayline/pipeline/register.py,
     rayline/offline_metrics.py), so this pins the route to the offline Predictor on every test
     row and the merged metrics to sklearn's; the check against training itself is the probe test."""
     from sklearn import metrics as skm

@@ -1,7 +1,7 @@
 """Every replica of a model's route follows the traffic split (README, "Model versions, canary and
 rollback"): the real Router with two replicas behind Serve's HTTP ingress, holding the digits
 model's versions in-process, the split rewritten in Ray's KV by the driver's own writer
-(`versions.write_routing_table`) and waited for as `versions.deploy` waits (`versions._settle`: until
+(`routing_table.write_routing_table`) and waited for as `versions.deploy` waits (`routing_table.settle`: until
 every replica says it loaded and serves the new revision), and every answer checked.
 
 `ROUTE/-/routing` answers from the answering replica's own table, and each prediction names the
@@ -142,21 +142,22 @@ def test_every_router_replica_follows_the_split(digits, ws):
     from rayline.serve.options import deployment_options
     from rayline.serve.router import KV_NAMESPACE, Router, routing_key
     from rayline.spec import ServeSpec
-    from rayline.serve.versions import _ensure_serve, _forget_replicas, _settle, _wait_running, write_routing_table
+    from rayline.serve.applications import ensure_serve, wait_running
+    from rayline.serve.routing_table import forget_replicas, settle, write_routing_table
 
     client = Registry(ws).client
     mv = client.get_model_version(NAME, digits.version)
     copy = str(client.create_model_version(NAME, mv.source, mv.run_id, tags=dict(mv.tags)).version)  # same model, new number
     one, two = str(digits.version), copy
-    _ensure_serve("127.0.0.1", PORT)
+    ensure_serve("127.0.0.1", PORT)
     _internal_kv_del(routing_key(NAME), namespace=KV_NAMESPACE)
-    _forget_replicas(NAME)
+    forget_replicas(NAME)
     # The product's route deployment as build_router makes it, but with two replicas from the start.
     options = {**deployment_options(ServeSpec(), "torch", f"{NAME}-router"), "autoscaling_config": None, "num_replicas": 2}
     app = Router.options(**options).bind(NAME, str(ws.root), None, ServeSpec().model_dump(exclude={"route", "canary"}))
     serve.run(app, name=NAME, route_prefix=ROUTE, blocking=False)
     try:
-        _wait_running([NAME])
+        wait_running([NAME])
         splits = [({one: 100}, one, None), ({one: 90, two: 10}, one, two), ({two: 100}, two, None),
                   ({one: 30, two: 70}, two, one)]
         answered = 0
@@ -165,7 +166,7 @@ def test_every_router_replica_follows_the_split(digits, ws):
             table = {"model": NAME, "route": ROUTE, "weights": weights, "champion": champion, "canary": canary,
                      "gate": None, "rollout": f"rollout-{revision}", "revision": revision, "serve": {}}
             write_routing_table(NAME, table)
-            _settle(table)  # what `rayline serve deploy|promote|rollback` waits before saying the split is live
+            settle(table)  # what `rayline serve deploy|promote|rollback` waits before saying the split is live
             seen, versions = Counter(), Counter()
             for _ in range(REQUESTS_PER_SPLIT):
                 r = httpx.get(f"http://127.0.0.1:{PORT}{ROUTE}/-/routing", timeout=30)

@@ -255,25 +255,32 @@ def test_keys_from_the_ray_nodes_environment(keyed_run):
         assert httpx.get(f"{url}/health", timeout=60).status_code == 200
 
 
-def test_missing_keys_fail_the_deployment_naming_the_variable(ws):
+def test_missing_keys_fail_the_deployment_naming_the_variable(digits, ws):
+    """A copy of the digits version registered as model no-keys, deployed as `rayline serve deploy`
+    does with keys from a variable no node has: a one-line error naming it, in well under the
+    replicas' start timeout, and none of the applications the deploy started is left behind."""
     from ray import serve
 
     from rayline.errors import ServeError
-    from rayline.serve.app import deploy
-    from rayline.spec import parse_spec
+    from rayline.registry import Registry
+    from rayline.serve.versions import deploy
+    from rayline.spec import ServeSpec
 
-    spec = parse_spec({"name": "no-keys", "data": {"source": {"format": "sklearn", "name": "iris"}, "label": "target"},
-                       "model": {"framework": "torch", "kind": "mlp"},
-                       "serve": {"auth": {"api_keys_env": "RAYLINE_TEST_UNSET_KEYS"}}})
+    client = Registry(ws).client
+    mv = client.get_model_version("digits", digits.version)
+    client.create_registered_model("no-keys")
+    version = str(client.create_model_version("no-keys", mv.source, mv.run_id, tags=dict(mv.tags)).version)
     os.environ.pop("RAYLINE_TEST_UNSET_KEYS", None)
+    before = set(serve.status().applications)
     start = time.monotonic()
     with pytest.raises(ServeError) as info:
-        deploy(spec, "1", ws, "127.0.0.1", PORT)
+        deploy("no-keys", version, ws=ws, serve_spec=ServeSpec(route="/no-keys", auth={"api_keys_env": "RAYLINE_TEST_UNSET_KEYS"}),
+               port=PORT)
     assert str(info.value).startswith(
-        "deploying no-keys v1 at /no-keys failed: serve.auth.api_keys_env: environment variable RAYLINE_TEST_UNSET_KEYS "
-        "is not set on the Ray node of this replica")
+        f"deploying no-keys v{version} at /no-keys/v/{version} failed: serve.auth.api_keys_env: environment variable "
+        "RAYLINE_TEST_UNSET_KEYS is not set on the Ray node of this replica")
     assert time.monotonic() - start < 120
-    serve.delete("no-keys")
+    assert set(serve.status().applications) - before == set()  # router and V2 app deleted with the version's
 
 
 def _exported(app):

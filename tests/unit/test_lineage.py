@@ -55,7 +55,7 @@ def store(tmp_path_factory):
     v3 = client.create_model_version("tiny", "file:///nowhere/model", run_id, tags=gone).version
     client.create_model_version("other", "file:///nowhere/other", None)
     registry.set_alias("tiny", "champion", v1)
-    from rayline.serve.versions import record_deployment  # what deploy appends, champion then canary
+    from rayline.serve.champions import record_deployment  # what deploy appends, champion then canary
 
     record_deployment(registry, "tiny", str(v1), action="deploy", role="champion", percent=100, route="/tiny",
                       url="http://127.0.0.1:8000/tiny", gate=None)

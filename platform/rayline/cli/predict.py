@@ -60,12 +60,12 @@ def predict(
     if not online:
         _score_offline(target, json_body, input_file, output, to_file, version, keep, workspace, probabilities, engine)
         return
-    from rayline.client import Client
+    from rayline.client import ONLINE_WRITERS, Client, write_predictions
     from rayline.serve.client import load_instances, prediction_rows
 
-    if to_file and Path(output).suffix.lower() not in _ONLINE_WRITERS:
+    if to_file and Path(output).suffix.lower() not in ONLINE_WRITERS:
         raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json, or a file ending in "
-                           f"{', '.join(_ONLINE_WRITERS)})")
+                           f"{', '.join(ONLINE_WRITERS)})")
     instances = load_instances(json_body, input_file)
     url = target if target.startswith(("http://", "https://")) else f"http://{host}:{port}{target}"
     url = url.rstrip("/")
@@ -73,7 +73,9 @@ def predict(
     if version is not None:
         url = f"{url}/v/{version}"
     if to_file:
-        _write_online(url, api_key, timeout, retries, instances, probabilities, keep, Path(output))
+        rows, answered = write_predictions(url, instances, Path(output), probabilities=probabilities, keep=keep,
+                                           api_key=api_key, timeout=timeout, retries=retries)
+        console.print(f"wrote {rows:,} predictions to {Path(output)} (version {answered or '?'} answered)")
         return
     with Client(url, api_key=api_key, timeout=timeout, max_retries=retries) as client:
         result = client.predict_raw(instances, probabilities)
@@ -89,43 +91,6 @@ def predict(
     for row in rows:
         table.add_row(*(row if with_probabilities else row[:2]))
     console.print(table)
-
-
-_ONLINE_WRITERS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
-
-
-def _write_online(url, api_key, timeout, retries, instances, probabilities, keep, path: Path) -> None:
-    """The served model's predictions for `instances` (beside the kept input columns) written to `path`."""
-    import pandas as pd
-
-    from rayline.client import Client
-
-    kind = _ONLINE_WRITERS[path.suffix.lower()]
-    if not path.parent.is_dir():
-        raise RaylineError(f"--output: no such directory {str(path.parent)!r} (got {str(path)!r})")
-    inputs = pd.DataFrame(instances)
-    absent = [k for k in (keep or []) if k not in inputs.columns]
-    if absent:
-        raise RaylineError(f"--keep: no such input column {', '.join(map(repr, absent))} "
-                           f"(allowed: {', '.join(map(str, inputs.columns[:20]))})")
-    with Client(url, api_key=api_key, timeout=timeout, max_retries=retries) as client:
-        # Only the model's features are sent: other input columns (an id) are kept in the file, not refused.
-        features = [f.get("name") for f in client.metadata().get("features") or [] if isinstance(f, dict)]
-        sent = [{k: row[k] for k in features if k in row} for row in instances] if features else instances
-        predicted = client.predict(sent, probabilities)
-        answered = client.version
-    kept = inputs[list(dict.fromkeys(keep))] if keep else inputs.drop(columns=[c for c in predicted.columns if c in inputs.columns])
-    frame = pd.concat([kept.reset_index(drop=True), predicted.reset_index(drop=True)], axis=1)
-    from rayline.files import atomic_path
-
-    with atomic_path(path) as tmp:
-        if kind == "parquet":
-            frame.to_parquet(tmp, index=False)
-        elif kind == "csv":
-            frame.to_csv(tmp, index=False)
-        else:
-            frame.to_json(tmp, orient="records", lines=True)
-    console.print(f"wrote {len(frame):,} predictions to {path} (version {answered or '?'} answered)")
 
 
 def _score_offline(name, json_body, input_file, output, to_file, version, keep, workspace, probabilities,

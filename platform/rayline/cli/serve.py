@@ -117,7 +117,7 @@ def serve_deploy(
                            f"--canary PERCENT {' '.join(given)})")
     gate = None
     if canary is not None:
-        versions._percent(canary)
+        versions.check_canary_percent(canary)
         try:
             spec = CanarySpec.model_validate({"percent": canary, **{k: v for k, v in limits.items() if v is not None}})
         except ValidationError as exc:

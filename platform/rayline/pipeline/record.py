@@ -10,7 +10,8 @@ from rayline.errors import RaylineError, SpecError
 from rayline.spec import PipelineSpec
 from rayline.workspace import Workspace
 
-__all__ = ["RECORD_FILE", "training_spec", "write_record", "run_records", "resumable", "find_run", "interrupted_run"]
+__all__ = ["RECORD_FILE", "training_spec", "new_record", "write_record", "check_same_data", "run_records", "resumable",
+           "find_run", "interrupted_run"]
 
 # Each run's record, in its experiment folder under the workspace's runs dir: which spec
 # and data it trained, its MLflow run and how it ended. `--resume` looks for the newest
@@ -31,6 +32,32 @@ def training_spec(spec: PipelineSpec) -> dict:
 
     walk("", spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"serve"}))
     return flat
+
+
+def new_record(spec: PipelineSpec, *, experiment: str, spec_path: str | None, ws: Workspace, prepared: list,
+               run_id: str, previous: dict | None) -> dict:
+    """The record of a run starting now (status "running"), continuing `previous` when resuming.
+    driver: who runs it (host, pid, start time), so a later --resume can tell a killed run from a
+    live one; spec_raw: the whole spec as parsed, for `rayline resume RUN_ID` without the file."""
+    import time
+
+    from rayline.resume import driver_info
+
+    previous = previous or {}
+    return {"experiment": experiment, "spec_name": spec.name, "spec_path": spec_path or "", "spec": training_spec(spec),
+            "spec_raw": spec.model_dump(by_alias=True, exclude_none=True), "driver": driver_info(),
+            "workspace": ws.location, "fingerprint": prepared[0].fingerprint,
+            "data_cache_keys": [p.cache_key for p in prepared], "run_id": run_id,
+            "created": previous.get("created", time.time()), "status": "running",
+            "resumed_runs": previous.get("resumed_runs", []) + ([previous["run_id"]] if previous else [])}
+
+
+def check_same_data(previous: dict, fingerprint: str) -> None:
+    """A resumed run must train on the data the interrupted one did."""
+    if previous.get("fingerprint") != fingerprint:
+        raise SpecError([f"--resume: the data changed since the interrupted run {previous['experiment']} (fingerprint "
+                         f"{previous.get('fingerprint')} then, {fingerprint} now) (allowed: the same data, "
+                         "or run without --resume to start over)"])
 
 
 def write_record(folder: str, record: dict) -> None:

@@ -16,6 +16,7 @@ from rayline.errors import ServeError
 __all__ = ["ServeAddress", "serve_address", "check_port_free"]
 
 _WILDCARD = ("0.0.0.0", "::", "")
+_warned: set = set()  # (running, requested) pairs warned about: once a process, not at each check
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,10 @@ def serve_address(host: str, port: int) -> ServeAddress:
     (host, port) after checking that no other process holds that port."""
     running = running_serve_http()
     if running is not None:
-        if running[1] != port or running[0] not in (host, *_WILDCARD):
+        if (running[1] != port or running[0] not in (host, *_WILDCARD)) and (running, (host, port)) not in _warned:
             import logging
 
+            _warned.add((running, (host, port)))
             logging.getLogger("rayline.serve").warning(
                 "Serve already runs on this cluster at %s:%s; the requested %s:%s is ignored (Ray keeps the HTTP "
                 "options of a running Serve; to move it, stop Serve on the cluster first)", running[0], running[1], host, port)

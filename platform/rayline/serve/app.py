@@ -19,8 +19,7 @@ from ray import serve
 from rayline.errors import ServeError
 from rayline.serve.options import deployment_options, workspace_arg
 
-__all__ = ["ModelServer", "build_app", "deploy"]
-
+__all__ = ["ModelServer", "build_app"]
 
 
 @serve.deployment(max_ongoing_requests=64, health_check_period_s=10)
@@ -119,59 +118,3 @@ def _resolved_version(args: dict) -> str:
     from rayline.workspace import workspace as make_workspace
 
     return Registry(make_workspace(workspace_arg(args.get("workspace")), args.get("tracking_uri"))).resolve(args["name"]).version
-
-
-def deploy(spec, version: str, ws, host: str, port: int) -> str:
-    """Deploy `version` of model `spec.name` at `spec.route`; return the endpoint URL.
-
-    The URL is where the app really answers: a Serve already running on the cluster keeps its
-    own host and port (Ray ignores new HTTP options), and a port another process holds is a
-    ServeError before anything deploys (rayline/serve/address.py)."""
-    from rayline.serve.address import serve_address
-    from rayline.spec import ServeSpec
-
-    address = serve_address(host, port)
-
-    serve_spec = spec.serve or ServeSpec()
-    args = {
-        "name": spec.name,
-        "version": version,
-        "workspace": str(ws.root),
-        "tracking_uri": ws.tracking_uri_override,
-        "framework": spec.model.framework,
-        **serve_spec.model_dump(exclude={"route"}),
-    }
-    wait_for_replica_resources(spec.name, serve_spec.resources_per_replica.cpus, max(1, serve_spec.replicas.min))
-    try:
-        if not address.existing:
-            serve.start(http_options={"host": host, "port": port})
-        serve.run(build_app(args), name=spec.name, route_prefix=spec.route, blocking=False)
-    except Exception as exc:
-        from rayline.serve.details import deployment_failure  # Serve's own message hides the replica's error
-
-        reason = deployment_failure(spec.name) or str(exc).strip().splitlines()[-1]
-        raise ServeError(f"deploying {spec.name} v{version} at {spec.route} failed: {reason}") from exc
-    return address.url(spec.route, host)
-
-
-def wait_for_replica_resources(name: str, cpus: float, replicas: int, timeout_s: float = 60.0) -> None:
-    """Fail fast, naming the resource, instead of letting Serve wait forever for CPUs."""
-    import time
-
-    import ray
-
-    need = cpus * replicas
-    deadline = time.monotonic() + timeout_s
-    while True:
-        # Training just ended: its placement groups may take a moment to be released.
-        available = ray.available_resources().get("CPU", 0.0)
-        if available + 1e-9 >= need:
-            return
-        if time.monotonic() > deadline:
-            from rayline.errors import ResourceError
-
-            raise ResourceError(
-                f"serve.resources_per_replica.cpus: {replicas} replica(s) of {name} need {need:g} CPUs; the cluster has "
-                f"{available:g} available after {timeout_s:g}s (allowed: lower serve.resources_per_replica.cpus or serve.replicas.min, or free CPUs)"
-            )
-        time.sleep(0.5)

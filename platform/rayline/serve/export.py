@@ -152,7 +152,7 @@ def build_router_app(args: dict[str, Any]):
         raise ServeError(f"build_router_app args.champion: a registered version number (got {champion!r})")
     from ray.experimental.internal_kv import _internal_kv_get
 
-    from rayline.serve.versions import write_routing_table
+    from rayline.serve.routing_table import write_routing_table
 
     raw = _internal_kv_get(routing_key(name), namespace=KV_NAMESPACE)
     old = json.loads(raw) if raw else {}
@@ -208,7 +208,7 @@ def _record_champion(name: str, champion: str, route: str, args: dict) -> None:
     version's record (`rayline models show`)."""
     from rayline.registry import Registry
     from rayline.serve.options import workspace_arg
-    from rayline.serve.versions import champion_history, set_champion, record_deployment
+    from rayline.serve.champions import champion_history, record_deployment, set_champion
     from rayline.workspace import workspace as make_workspace
 
     registry = Registry(make_workspace(workspace_arg(args.get("workspace")), args.get("tracking_uri")))

@@ -11,7 +11,7 @@ forwarding every request over a deployment handle to the version's replica cost 
 refused bodies over 4 MB before the version's body limit could answer.
 
 Where the split lives: Ray's internal KV (GCS), key `rayline/routing/NAME`, written by the driver
-(rayline/serve/versions.py) and read by every route replica every `POLL_S` in a thread of its
+(rayline/serve/routing_table.py) and read by every route replica every `POLL_S` in a thread of its
 own. A new split whose versions this replica has not loaded is loaded there first (from the
 registry, with the settings version N was deployed with, `rayline/versions/NAME/N`), then switched
 to in one assignment: requests never wait for a model load and never see a half-built table.

@@ -159,7 +159,7 @@ def gather_status(name: Optional[str] = None, *, with_metrics: bool = True, ws=N
                 status.model = status.model or args["name"]
                 status.versions = [str(args.get("version") or "latest")]
         if f"{app_name}-router" in (details.get("deployments") or {}):
-            from rayline.serve.versions import rollout_state
+            from rayline.serve.routing_table import rollout_state
 
             status.rollout = rollout_state(app_name, ws)  # with ws, a gate rollback also drops the canary alias
             status.model = status.model or app_name

@@ -1,0 +1,121 @@
+"""The register stage: every trial logged to the pipeline's MLflow run, the winner's artifact
+assembled (checkpoint + fitted preprocessing + spec), checked against the probe rows the model
+answered while training, scored on the test split and registered as a new model version.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Callable
+
+from rayline.errors import TrainingError
+from rayline.spec import PipelineSpec
+from rayline.train.loop import TRAINING_STATS
+from rayline.workspace import Workspace
+
+__all__ = ["Registered", "register_stage"]
+
+_BOOKKEEPING = ("epoch", "resumed", *TRAINING_STATS)  # in each history row, but not model metrics
+
+
+@dataclass
+class Registered:
+    version: str
+    test_metrics: dict
+    leaderboard: list  # a sweep over model families: the best trial of each, best first; else []
+
+
+def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Workspace, experiment: str,
+                   on_stage: Callable[[str, str, str], None]) -> Registered:
+    """Log `trained`'s trials and register its winner as model `spec.name`'s next version."""
+    from rayline.redact import redact_uri
+    from rayline.spec import apply_overrides, metric_mode
+    from rayline.tune.leaderboard import family_leaderboard
+
+    winner, trials, data = trained.winner, trained.trials, trained.data
+    metric = spec.resolved_metric(data.task)
+    on_stage("register", "start", redact_uri(ws.tracking_uri))
+    for trial in trials:
+        registry.log_trial(run_id, spec.name, trial.trial_id, trial.overrides, trial.status,
+                           trial.result.history if trial.result else [], winner=trial.result is winner,
+                           stop_reason=trial.stop_reason, units_trained=trial.units_trained,
+                           events=trial.events, family=trial.family)
+    leaderboard = family_leaderboard(trials, metric, metric_mode(metric)) if spec.tune else []
+    if len(leaderboard) > 1:  # a sweep over model families
+        registry.log_leaderboard(run_id, metric, leaderboard)
+    winning_spec = apply_overrides(spec, winner.overrides) if winner.overrides else spec
+    model_metrics = {k: v for k, v in winner.metrics.items() if k not in _BOOKKEEPING}
+    staging = ws.temp_dir("artifact")  # <ws>/tmp; a killed run's is removed by the next run
+    try:
+        artifact = _artifact(os.path.join(staging, "model"), winner.checkpoint_dir, data, winning_spec, model_metrics)
+        # Offline, through the serving Predictor (the same code as the endpoint's answers),
+        # where the test rows are: no test split in this process.
+        from rayline.offline_metrics import evaluate_rows
+
+        test_metrics = evaluate_rows(artifact, data.test_rows)
+        _add_test_metrics(artifact, test_metrics)
+        mv = registry.register(
+            run_id, spec.name, artifact,
+            metrics={**{f"valid_{k}": v for k, v in model_metrics.items()},
+                     **{f"test_{k}": v for k, v in test_metrics.items()}},
+            tags={"framework": winning_spec.model.framework, "task": data.task, "metric": metric,
+                  f"valid_{metric}": winner.metrics[metric], "data_fingerprint": data.fingerprint,
+                  **({"data_cache_key": data.cache_key} if data.cache_key else {}),
+                  # Lineage (`rayline models show`): the data, the trial and the checkpoint it came from.
+                  "data_source": redact_uri(spec.data.source.path or spec.data.source.name or ""),
+                  "experiment": experiment,
+                  "trial_id": next((t.trial_id for t in trials if t.result is winner), ""),
+                  "checkpoint": redact_uri(winner.checkpoint_dir)},
+            input_example=data.probe_frame,  # raw test rows, bounded (PROBE_ROWS)
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    on_stage("register", "done", f"model {spec.name} version {mv.version}")
+    return Registered(mv.version, test_metrics, leaderboard if len(leaderboard) > 1 else [])
+
+
+def _artifact(target: str, checkpoint_dir: str, data, spec: PipelineSpec, metrics: dict) -> str:
+    """The model artifact at `target`, loaded back as a Serve replica loads it and checked against
+    the probe: training/serving skew fails the run here, before registering."""
+    from rayline.artifact import write_artifact
+    from rayline.model import Predictor
+    from rayline.storage import download_dir, is_uri
+    from rayline.train.backend import load_backend
+
+    if is_uri(checkpoint_dir):  # on object storage: the artifact is assembled from a local copy
+        checkpoint_dir = download_dir(checkpoint_dir, os.path.join(os.path.dirname(target), "checkpoint"))
+    artifact = write_artifact(target, checkpoint_dir=checkpoint_dir, preprocessing=data.preprocessing, spec=spec,
+                              metrics=metrics, fingerprint=data.fingerprint,
+                              versions=load_backend(spec.model.framework).versions())
+    _check_probe(Predictor(artifact), data)
+    return artifact
+
+
+def _check_probe(predictor, data) -> None:
+    """The artifact, loaded as a Serve replica loads it, must reproduce on the raw probe rows the
+    outputs the model being trained gave at its checkpoint (rayline/train/probe.py)."""
+    from rayline.model import artifact_root
+    from rayline.train.probe import check_probe, read_probe
+
+    record = read_probe(artifact_root(predictor.model_dir))
+    if record is None or data.probe_frame is None:
+        return  # a checkpoint from before the probe (a resumed older run)
+    outputs = predictor.infer(predictor.preprocessing.transform(data.probe_frame))
+    problem = check_probe(record, outputs, f"register: model {predictor.name}")
+    if problem:
+        raise TrainingError(problem)
+
+
+def _add_test_metrics(artifact: str, test_metrics: dict) -> None:
+    import json
+
+    from rayline.files import atomic_write
+    from rayline.model import META_FILE
+
+    path = os.path.join(artifact, META_FILE)
+    with open(path) as fh:
+        meta = json.load(fh)
+    meta["test_metrics"] = test_metrics
+    atomic_write(path, json.dumps(meta, indent=1))

@@ -1,0 +1,104 @@
+"""The train stage: one Ray Train run, or a Ray Tune sweep whose trials each train one, sized by
+a resource plan made before anything starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from rayline.spec import PipelineSpec
+
+__all__ = ["Trained", "plan_training", "train_stage"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Trained:
+    winner: object  # TrainResult: the best trial's (or the one run's) result
+    trials: list  # TrialOutcome, every trial (one for a plain training run)
+    data: object  # PreparedData: the winner's own preprocessing variant
+    tensorboard: str | None  # the run's TensorBoard event files, one directory per trial
+
+
+def plan_training(spec: PipelineSpec):
+    """The ResourcePlan for the spec's training on the connected cluster, sized for the largest
+    train.workers a trial can draw: every draw then fits, and one that never could fails here,
+    before anything starts, naming the resource."""
+    import ray
+
+    from rayline.pipeline.plan import plan_when_settled
+    from rayline.resources import plan_resources
+    from rayline.tune.clock import max_workers
+    from rayline.tune.sweep import TRIAL_DRIVER_CPUS
+
+    concurrency = spec.tune.max_concurrent if spec.tune else 1
+
+    def for_training(resources: dict) -> dict:
+        resources = dict(resources)
+        if spec.tune:
+            resources["CPU"] = resources.get("CPU", 0) - TRIAL_DRIVER_CPUS * concurrency
+        return resources
+
+    return plan_when_settled(
+        lambda available: plan_resources(spec.train, available, concurrency, max_workers=max_workers(spec)),
+        lambda: for_training(ray.available_resources()), lambda: for_training(ray.cluster_resources()))
+
+
+def train_stage(spec: PipelineSpec, prepared: list, *, plan, folder: str, runs_dir: str, experiment: str,
+                search_paths: list[str], resume: bool, on_stage: Callable[[str, str, str], None]) -> Trained:
+    """Train (or sweep) on the prepared data; `resume`: continue the interrupted run saved under the
+    same names (Tune's state, or Train's latest checkpoint)."""
+    from rayline.orphans import sweep_in_background
+    from rayline.storage import join
+    from rayline.train.run import train
+    from rayline.tune.sweep import TrialOutcome, tune_pipeline
+
+    data = prepared[0]
+    if spec.tune:
+        on_stage("train", "start", f"{'resuming ' if resume else ''}tuning: {spec.tune.num_samples} trials, "
+                 f"{plan.concurrent_trials} at once, {plan.workers_text()} x {plan.cpus_per_worker:g} CPU"
+                 f"{technique_text(spec)}")
+        outcome = tune_pipeline(spec, prepared if len(prepared) > 1 else data, storage_path=runs_dir,
+                                experiment=experiment, plan=plan, search_paths=search_paths, resume=resume)
+        winner, trials = outcome.winner, outcome.trials
+        data = prepared[outcome.winner_variant]  # the winner's own preprocessing is the one registered
+    else:
+        on_stage("train", "start", f"{'resuming: ' if resume else ''}{plan.workers_text()} x "
+                 f"{plan.cpus_per_worker:g} CPU, {spec.train.epochs} epochs{technique_text(spec)}")
+        # Same storage path and name as the interrupted run: Ray Train restores its latest checkpoint.
+        winner = train(spec, data, storage_path=folder, run_name="train", plan=plan, search_paths=search_paths)
+        trials = [TrialOutcome(trial_id="train", overrides={}, status="terminated", result=winner)]
+    tensorboard = _event_files(join(folder, "tensorboard"), trials)
+    # Trials Tune stopped as the sweep ended: their groups appear a moment after fit()
+    # returns; freed in the background while the winner is registered and served.
+    sweep_in_background()
+    metric = spec.resolved_metric(data.task)
+    on_stage("train", "done", f"best {metric}={winner.metrics[metric]:.4f} (epoch {winner.metrics['epoch']:g})")
+    return Trained(winner, trials, data, tensorboard)
+
+
+def _event_files(location: str, trials: list) -> str | None:
+    """TensorBoard event files of every trial's history; a failure is a warning, never a failed run."""
+    from rayline.event_files import write_event_files
+
+    try:
+        return write_event_files(location, trials)
+    except Exception as exc:  # noqa: BLE001 - the model is trained either way
+        log.warning("rayline: TensorBoard event files were not written to %s: %s", location, exc)
+        return None
+
+
+def technique_text(spec: PipelineSpec) -> str:
+    """', bf16, effective batch 256 (64 x 4 micro-batches), fp16 gradient compression' for the train
+    stage's start line; '' when plain."""
+    train = spec.train
+    parts = ["fsdp (sharded)"] if train.strategy == "fsdp" else []
+    parts += [train.precision] if train.precision != "fp32" else []
+    if train.grad_accumulation > 1:
+        parts.append(f"effective batch {train.effective_batch_size} ({train.batch_size} x {train.grad_accumulation} micro-batches)")
+    if train.grad_compression.name != "none":
+        parts.append(f"{train.grad_compression} gradient compression")
+    return "".join(f", {p}" for p in parts)
