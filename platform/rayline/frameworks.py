@@ -36,13 +36,14 @@ class BackendInfo:
 
 
 _MLP_PARAMS = frozenset({"hidden_sizes", "dropout"})
+_CNN_PARAMS = frozenset({"widths", "blocks", "hidden_sizes", "dropout"})  # rayline/inference/torch_cnn.py
 
 BACKENDS: dict[str, BackendInfo] = {
     "torch": BackendInfo(
         name="torch",
         module="rayline.train.torch_backend",
         inference="rayline.inference.torch_model",
-        kinds={"mlp": _MLP_PARAMS},
+        kinds={"mlp": _MLP_PARAMS, "cnn": _CNN_PARAMS},
         import_returns="a torch.nn.Module",
         grad_compressions=frozenset({"fp16", "bf16", "powersgd"}),
         strategies=frozenset({"ddp", "fsdp"}),

@@ -279,13 +279,16 @@ def _pbt(spec) -> bool:
 
 
 def _example_instance(spec) -> dict:
-    """One real row of the spec's data, as a request instance."""
+    """One real row of the spec's data, as a request instance (an image as base64 text)."""
+    import base64
+
     try:
         from rayline.data.sources import sample_frame
 
         frame = sample_frame(spec.data.source)
         features = spec.data.features or [c for c in frame.columns if c != spec.data.label]
         row = frame[features].iloc[0].to_dict()
-        return {k: (None if v != v else (v.item() if hasattr(v, "item") else v)) for k, v in row.items()}
+        return {k: (base64.b64encode(v).decode() if isinstance(v, (bytes, bytearray)) else
+                    None if v != v else (v.item() if hasattr(v, "item") else v)) for k, v in row.items()}
     except Exception:
         return {}

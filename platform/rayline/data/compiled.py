@@ -25,7 +25,7 @@ import numpy as np
 from rayline.data.values import is_missing
 from rayline.errors import DataError
 
-__all__ = ["Batch", "Layout", "AffineOp", "FillNumericOp", "FillCategoryOp", "OneHotOp", "CompiledTransform",
+__all__ = ["Batch", "Layout", "AffineOp", "FillNumericOp", "FillCategoryOp", "OneHotOp", "ImageOp", "CompiledTransform",
            "FLOAT32_MAX"]
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -143,6 +143,24 @@ class OneHotOp:
         batch.hot[self.column] = block
 
 
+class ImageOp:
+    """One image column -> its (n, height x width x channels) block: decoded, converted, resized
+    and normalised per channel (rayline/data/images.py); an undecodable value names its row."""
+
+    def __init__(self, column: str, size: tuple[int, int], channels: int, mean: list[float], std: list[float]):
+        self.column, self.size, self.channels = column, size, channels
+        self.mean = np.asarray(mean, np.float32)
+        self.inv_std = 1.0 / np.where(np.asarray(std, np.float32) > 0, np.asarray(std, np.float32), 1.0)
+
+    def __call__(self, batch: Batch) -> None:
+        from rayline.data.images import decode_images
+
+        pixels = decode_images(batch.cat[self.column], self.size, self.channels, self.column, batch.where)
+        pixels -= self.mean
+        pixels *= self.inv_std
+        batch.hot[self.column] = pixels.reshape(len(pixels), -1)
+
+
 def _at(values, row: int):
     """The row-th value of an object array or a pandas column (by position, whatever its index)."""
     return values[row] if isinstance(values, np.ndarray) else values.iloc[row]
@@ -192,20 +210,24 @@ class CompiledTransform:
     """Raw rows (request dicts or a pandas frame) -> the model's float32 input matrix."""
 
     def __init__(self, features: list, steps: list):
-        encoded = {col for step in steps if step.kind == "one_hot" for col in step.columns}
-        categorical = encoded
+        # Columns an encoding step (one_hot, image) turns into a block of output columns.
+        encoders = {col: step for step in steps if step.encodes for col in step.columns}
+        encoded = categorical = set(encoders)
         self.layout = Layout([f.name for f in features if f.name not in categorical],
                              [f.name for f in features if f.name in categorical])
         self.ops = fuse([op for step in steps for op in step.compile(self.layout)])
-        categories = {col: cats for step in steps if step.kind == "one_hot" for col, cats in step.categories.items()}
-        # Output columns: features in order, each one-hot column replaced by its block.
+        # Output columns: features in order, each encoded column replaced by its block.
         self.output_columns: list[str] = []
         numeric_positions, self.blocks = [], []
+        self.segments: list[dict] = []  # blocks a model needs to know about (images): name, start, stop, shape...
         for f in features:
             if f.name in encoded:
                 start = len(self.output_columns)
-                self.output_columns += [f"{f.name}={c}" for c in categories[f.name]]
+                self.output_columns += encoders[f.name].output_names(f.name)
                 self.blocks.append((f.name, start, len(self.output_columns)))
+                segment = encoders[f.name].segment(f.name)
+                if segment is not None:
+                    self.segments.append({"name": f.name, "start": start, "stop": len(self.output_columns), **segment})
             elif f.name not in categorical:
                 numeric_positions.append(len(self.output_columns))
                 self.output_columns.append(f.name)

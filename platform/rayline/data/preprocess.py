@@ -28,8 +28,10 @@ FEATURES = "features"
 LABEL = "label"
 
 def column_kind(dtype) -> str:
-    """'integer', 'number', 'boolean' or 'string' for a pandas or Arrow dtype."""
+    """'integer', 'number', 'boolean', 'binary' or 'string' for a pandas or Arrow dtype."""
     text = str(dtype).lower()
+    if text.startswith(("binary", "large_binary", "fixed_size_binary")):
+        return "binary"
     if text.startswith("bool"):
         return "boolean"
     if text.startswith(("int", "uint")):
@@ -44,7 +46,7 @@ class FeatureInfo:
     """One input column as requests must send it."""
 
     name: str
-    kind: str  # integer | number | boolean | string
+    kind: str  # integer | number | boolean | string | binary, and image once an image step decodes it
     nullable: bool = False  # True when an impute step fills it
     categories: list | None = None  # one-hot categories seen in training
     unknown: str = "ignore"  # ignore | error, for one-hot columns
@@ -69,8 +71,19 @@ class FittedPreprocessing:
 
     @property
     def output_columns(self) -> list[str]:
-        """The model's input columns, in order (one-hot columns named `column=category`)."""
+        """The model's input columns, in order (one-hot columns named `column=category`, image
+        pixels `column[i]`)."""
         return self.compiled.output_columns
+
+    def input_schema(self) -> dict:
+        """What a model gets besides the width of its input: where each image's pixels lie in a row
+        (start, stop, [height, width, channels], training augmentation) and which positions hold
+        the other (tabular) features. Saved in arch.json; `model.import` callables may take it."""
+        compiled = self.compiled
+        inside = {i for segment in compiled.segments for i in range(segment["start"], segment["stop"])}
+        return {"num_features": len(compiled.output_columns),
+                "images": [dict(segment) for segment in compiled.segments],
+                "tabular": [i for i in range(len(compiled.output_columns)) if i not in inside]}
 
     # ------------------------------------------------------------ transform
 
@@ -198,6 +211,9 @@ def fit_preprocessing(train, features: list[FeatureInfo], label: LabelInfo, step
             for col, cats in step.categories.items():
                 by_name[col].categories = cats
                 by_name[col].unknown = step.handle_unknown
+        elif kind == "image":
+            for col in step.columns:
+                by_name[col].kind = "image"
     fitted.steps = steps
     fitted.__dict__.pop("compiled", None)
     return fitted

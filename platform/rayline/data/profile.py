@@ -31,7 +31,7 @@ import pandas as pd
 from rayline.data.split import HASH_COLUMN, SPLITS, TEST, TRAIN, VALID, Thresholds
 from rayline.errors import DataError
 
-__all__ = ["ColumnStats", "TrainStats", "Profile", "ProfileRequest", "profile_frame", "profile_dataset",
+__all__ = ["ColumnStats", "TrainStats", "Profile", "ProfileRequest", "profile_frame", "profile_dataset", "image_key",
            "EXACT_VALUES", "SKETCH_K", "MAX_CATEGORIES", "MAX_LABEL_VALUES"]
 
 EXACT_VALUES = 100_000  # per column: up to this many present values, medians are exact
@@ -217,9 +217,25 @@ class TrainStats:
     """What a step's `fit` reads (numeric statistics, distinct values, counts), for the columns
     as the steps fitted before it leave them; `apply(step)` moves it past a fitted step."""
 
-    def __init__(self, columns: dict[str, ColumnStats]):
+    def __init__(self, columns: dict[str, ColumnStats], images: dict | None = None):
         self.columns = columns
+        self.images = images or {}  # image_key(...) -> [pixels, sum per channel..., sum of squares per channel...]
         self.where = "data.preprocess"  # the step being fitted, for error messages
+
+    def image_moments(self, columns: list[str], size, channels: int) -> tuple[list[float], list[float]]:
+        """Mean and standard deviation of each channel over the train split's pixels of `columns`
+        (decoded, converted and resized as the image step does)."""
+        total = np.zeros(1 + 2 * channels)
+        for col in columns:
+            moments = self.images.get(image_key(col, size, channels))
+            if moments is None:
+                raise DataError(f"internal: pixel statistics of {col!r} were not gathered")
+            total += moments
+        if total[0] == 0:
+            raise DataError(f"{self.where}: columns {columns} have no images in the train split")
+        mean = total[1:1 + channels] / total[0]
+        var = np.maximum(total[1 + channels:] / total[0] - mean ** 2, 0.0)
+        return [float(m) for m in mean], [float(v) for v in np.sqrt(var)]
 
     def _column(self, col: str) -> ColumnStats:
         return self.columns[col]
@@ -259,6 +275,7 @@ class ProfileRequest:
     numeric: list[str]  # moments (and exact values while small) of these
     quantiles: list[str]  # ... plus a sketch
     counted: list[str]  # value counts
+    images: list = field(default_factory=list)  # (column, height, width, channels): per-channel pixel moments
     valid: float = 0.0
     test: float = 0.0
     probe_rows: int = 0
@@ -266,10 +283,10 @@ class ProfileRequest:
 
     @classmethod
     def for_steps(cls, label, features, kinds: dict, variants_steps: list[list], **kw) -> "ProfileRequest":
-        from rayline.data.steps import NUMERIC_KINDS, ColumnPlan, Impute, OneHot, kind_and_params
+        from rayline.data.steps import NUMERIC_KINDS, ColumnPlan, Image, Impute, OneHot, kind_and_params
 
         numeric = [c for c in features if kinds.get(c) in NUMERIC_KINDS]
-        quantiles, counted = set(), set()
+        quantiles, counted, images = set(), set(), set()
         for steps in variants_steps:
             plan = ColumnPlan.of(features, kinds, steps)
             for step_model in steps:
@@ -281,9 +298,11 @@ class ProfileRequest:
                     quantiles.update(columns)
                 elif kind == Impute.kind and params.strategy == "most_frequent":
                     counted.update(columns)
+                elif kind == Image.kind and params.normalize == "per_channel":
+                    images.update((c, *params.size, params.channels) for c in columns if c in features)
         keep = set(features)
         return cls(label=label, numeric=numeric, quantiles=sorted(quantiles & keep),
-                   counted=sorted(counted & keep), **kw)
+                   counted=sorted(counted & keep), images=sorted(images), **kw)
 
 
 @dataclass
@@ -295,10 +314,11 @@ class Profile:
     label_values: dict | None = field(default_factory=dict)  # None: more than MAX_LABEL_VALUES distinct
     train: dict[str, ColumnStats] = field(default_factory=dict)
     probe: pd.DataFrame | None = None  # the probe split's rows with the smallest hashes, hash order
+    images: dict = field(default_factory=dict)  # image_key -> pixel moments (TrainStats.images)
 
     def train_stats(self) -> TrainStats:
         """A fresh copy for one variant's fitting (fitting moves it past each step)."""
-        return TrainStats(copy.deepcopy(self.train))
+        return TrainStats(copy.deepcopy(self.train), copy.deepcopy(self.images))
 
     def merge(self, other: "Profile", probe_rows: int) -> "Profile":
         for s in SPLITS:
@@ -311,6 +331,8 @@ class Profile:
             self.label_values = merged if len(merged) <= MAX_LABEL_VALUES else None
         for col, stats in other.train.items():
             self.train[col] = self.train[col].merge(stats) if col in self.train else stats
+        for key, moments in other.images.items():
+            self.images[key] = self.images[key] + moments if key in self.images else moments
         if other.probe is not None and len(other.probe):
             joined = other.probe if self.probe is None else pd.concat([self.probe, other.probe], ignore_index=True)
             self.probe = joined.sort_values(HASH_COLUMN, kind="stable").head(probe_rows).reset_index(drop=True)
@@ -355,7 +377,30 @@ class BlockProfile:
                 stats.values = None
             counts, too_many = _distinct(train[col], MAX_CATEGORIES)
             stats.counts, stats.too_many = (None, True) if too_many else (counts, False)
+        for col, height, width, channels in req.images:
+            out.images[image_key(col, (height, width), channels)] = _pixel_moments(train[col], (height, width), channels, col)
         return out
+
+
+def image_key(col: str, size, channels: int) -> str:
+    return f"{col}|{int(size[0])}x{int(size[1])}x{int(channels)}"
+
+
+def _pixel_moments(values, size, channels: int, col: str) -> np.ndarray:
+    """[pixels, sum per channel, sum of squares per channel] of one block's images, decoded as the
+    image step decodes them (an undecodable one is the same error, naming its row)."""
+    from rayline.data.images import decode_images
+
+    values = values.to_numpy(dtype=object) if hasattr(values, "to_numpy") else values
+    total = np.zeros(1 + 2 * channels)
+    for start in range(0, len(values), _IMAGE_CHUNK):  # bounded memory whatever the block's size
+        pixels = decode_images(values[start:start + _IMAGE_CHUNK], size, channels, col,
+                               lambda i, start=start: f"row {start + i} of ").reshape(-1, channels).astype(np.float64)
+        total += np.concatenate([[len(pixels)], pixels.sum(axis=0), (pixels ** 2).sum(axis=0)])
+    return total
+
+
+_IMAGE_CHUNK = 256  # images decoded at once while profiling
 
 
 def profile_frame(frame: pd.DataFrame, request: ProfileRequest) -> Profile:

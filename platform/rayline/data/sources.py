@@ -65,6 +65,10 @@ def resolve_paths(source) -> list[str]:
     path = source.path or ""
     if is_uri(path):
         return [path]
+    if source.format == "image_folder":
+        from rayline.data.image_folder import image_files
+
+        return [file for file, _ in image_files(path)]
     if any(ch in path for ch in "*?["):
         files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
     elif os.path.isdir(path):
@@ -154,6 +158,8 @@ def source_schema(source):
 
     if source.format == "sklearn":
         return pa.Schema.from_pandas(_sklearn_frame(source.name), preserve_index=False)
+    if source.format == "image_folder":
+        return sample_table(source, rows=1).schema
     files = resolve_paths(source)
     if is_uri(files[0]):
         return None
@@ -174,6 +180,11 @@ def sample_table(source, columns: list[str] | None = None, rows: int = SAMPLE_RO
     if source.format == "sklearn":
         frame = _sklearn_frame(source.name)
         return pa.Table.from_pandas(frame[columns] if columns else frame, preserve_index=False)
+    if source.format == "image_folder" and not is_uri(source.path):
+        from rayline.data.image_folder import sample_images
+
+        table = sample_images(source.path, rows)
+        return table.select(columns) if columns is not None else table
     files = resolve_paths(source)
     if is_uri(files[0]):
         return None
@@ -232,6 +243,18 @@ def read_dataset(source):
 
     if source.format == "sklearn":
         return ray.data.from_pandas(_sklearn_frame(source.name))
+    if source.format == "image_folder":
+        from rayline.data.image_folder import read_image_folder
+
+        try:
+            ds = read_image_folder(source.path)
+            ds.schema()
+            return ds
+        except Exception as exc:
+            error = unwrap_data_error(exc, source)
+            if error is exc:
+                raise
+            raise error from exc
     files = resolve_paths(source)
     try:
         # resolve_paths already chose the files: Ray's suffix filters would drop .pq / .ndjson

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -36,6 +36,7 @@ __all__ = [
     "OneHot",
     "StandardScale",
     "MinMaxScale",
+    "Image",
     "check_steps",
     "kind_and_params",
     "step_from_state",
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 NUMERIC_KINDS = ("integer", "number", "boolean")
+ENCODED_KINDS = ("string", "binary")  # columns that need an encoding step (one_hot, image) to reach the model
 
 
 class StepParams(BaseModel):
@@ -62,7 +64,8 @@ class ColumnPlan:
     features: list[str]
     kinds: dict[str, str]  # feature -> integer | number | boolean | string (absent: unknown yet)
     categorical: dict[str, int] = field(default_factory=dict)  # column -> index of the one_hot step encoding it
-    done: set = field(default_factory=set)  # columns already one-hot encoded by an earlier step
+    images: dict[str, int] = field(default_factory=dict)  # column -> index of the image step decoding it
+    done: set = field(default_factory=set)  # columns already encoded (one_hot, image) by an earlier step
 
     @classmethod
     def of(cls, features: list[str], kinds: dict[str, str], steps_spec: list) -> "ColumnPlan":
@@ -71,11 +74,15 @@ class ColumnPlan:
             if kind == OneHot.kind:
                 for col in params.columns:
                     plan.categorical.setdefault(col, index)
+            elif kind == Image.kind:
+                for col in params.columns:
+                    plan.images.setdefault(col, index)
         return plan
 
     def numeric(self) -> list[str]:
-        """Every numeric feature no step one-hot encodes (what `columns: numeric` means)."""
-        return [c for c in self.features if self.kinds.get(c) in NUMERIC_KINDS and c not in self.categorical]
+        """Every numeric feature no step encodes (what `columns: numeric` means)."""
+        return [c for c in self.features if self.kinds.get(c) in NUMERIC_KINDS
+                and c not in self.categorical and c not in self.images]
 
     def resolve(self, columns) -> list[str]:
         return self.numeric() if columns == "numeric" else list(columns)
@@ -108,6 +115,10 @@ def check_steps(features: list[str], kinds: dict[str, str], steps_spec: list) ->
                 continue
             seen.add(col)
             if col in plan.done:
+                if col in plan.images:
+                    problems.append(f"{at}: column {col!r} was decoded by the image step data.preprocess[{plan.images[col]}], "
+                                    f"so no later step can use it (got {kind} after image; allowed: one image step per column)")
+                    continue
                 encoder = plan.categorical[col]
                 problems.append(
                     f"{at}: column {col!r} was one-hot encoded by data.preprocess[{encoder}], so no later step "
@@ -118,7 +129,13 @@ def check_steps(features: list[str], kinds: dict[str, str], steps_spec: list) ->
             if problem:
                 problems.append(problem)
         cls.advance(plan, params, columns, index)
-    strings = [c for c in features if plan.kinds.get(c) == "string" and c not in plan.categorical]
+    binary = [c for c in features if plan.kinds.get(c) == "binary" and c not in plan.images]
+    if binary:
+        problems.append(
+            f"data.features: binary columns {binary} need decoding (allowed: add `- image: {{columns: {binary}, "
+            "size: [32, 32]}` to data.preprocess for encoded images, or leave them out of data.features)"
+        )
+    strings = [c for c in features if plan.kinds.get(c) == "string" and c not in plan.categorical and c not in plan.images]
     if strings:
         problems.append(
             f"data.features: string columns {strings} need encoding "
@@ -135,6 +152,15 @@ class Step(ABC):
 
     kind: ClassVar[str]
     Params: ClassVar[type[StepParams]]
+    encodes: ClassVar[bool] = False  # True: each of its columns becomes a block of output columns (one_hot, image)
+
+    def output_names(self, col: str) -> list[str]:
+        """An encoding step's output columns for `col`, in order."""
+        raise NotImplementedError
+
+    def segment(self, col: str) -> dict | None:
+        """What a model needs to know of `col`'s block beyond its width (an image's shape), or None."""
+        return None
 
     @classmethod
     def check_column(cls, at: str, col: str, params: StepParams, plan: ColumnPlan, index: int) -> str | None:
@@ -187,8 +213,10 @@ def _numeric_only(at: str, col: str, plan: ColumnPlan, what: str) -> str | None:
     if col in plan.categorical:
         return (f"{at}: needs a numeric column, and {col!r} is one-hot encoded by "
                 f"data.preprocess[{plan.categorical[col]}] (got {col!r}; allowed: {', '.join(plan.numeric()[:20]) or 'none'})")
-    if kind == "string":
-        return f"{at}: needs a numeric column (got {col!r}, a string column; allowed: {', '.join(plan.numeric()[:20]) or 'none'})"
+    if kind in ENCODED_KINDS:
+        return f"{at}: needs a numeric column (got {col!r}, a {kind} column; allowed: {', '.join(plan.numeric()[:20]) or 'none'})"
+    if col in plan.images:
+        return f"{at}: needs a numeric column (got {col!r}, an image column; allowed: {', '.join(plan.numeric()[:20]) or 'none'})"
     return None
 
 
@@ -220,6 +248,8 @@ class Impute(Step):
 
     @classmethod
     def check_column(cls, at, col, params, plan, index):
+        if col in plan.images or plan.kinds.get(col) == "binary":
+            return f"{at}: cannot fill {col!r}, an image column (got impute; allowed: numeric and categorical columns)"
         if params.strategy in ("mean", "median"):
             if plan.kinds.get(col) == "string":
                 return (f"{at}: strategy {params.strategy} needs a numeric column (got {col!r}, a string column; "
@@ -305,6 +335,10 @@ class OneHot(Step):
 
     kind = "one_hot"
     Params = OneHotParams
+    encodes = True
+
+    def output_names(self, col):
+        return [f"{col}={c}" for c in self.categories[col]]
 
     def __init__(self, categories: dict[str, list], handle_unknown: str):
         self.categories = categories
@@ -434,9 +468,95 @@ class MinMaxScale(_Affine):
         return low, (high - low if high > low else 1.0)
 
 
+# ---------------------------------------------------------------- images
+
+
+class AugmentParams(StepParams):
+    flip: bool = Field(False, description="Training only: mirror each image left to right with probability 0.5.")
+    crop: int = Field(0, ge=0, le=64, description="Training only: pad each side by this many pixels (zeros) and crop "
+                                                  "back to the size at a random offset.")
+
+
+class ImageParams(StepParams):
+    columns: list[str] = Field(min_length=1, description="Image columns: encoded image files (PNG, JPEG, ...) as bytes "
+                                                         "(an image folder, a Parquet binary column) or base64 text.")
+    size: tuple[Annotated[int, Field(ge=1, le=1024)], Annotated[int, Field(ge=1, le=1024)]] = Field(
+        description="[height, width] in pixels every image is resized to (bilinear).")
+    channels: Literal[1, 3] = Field(3, description="1: grayscale, 3: RGB.")
+    normalize: Literal["per_channel", "none"] = Field(
+        "per_channel", description="per_channel: subtract each channel's mean and divide by its standard deviation, "
+                                   "both over the train split's pixels; none: pixels stay in [0, 1].")
+    augment: AugmentParams = Field(default_factory=AugmentParams,
+                                   description="Random changes to training images only (never to validation, test or "
+                                               "requests).")
+
+
+class Image(Step):
+    """Decode each image, convert it to the channels, resize it and normalise it: one block of
+    height x width x channels pixel columns (row-major, channels last) per image column."""
+
+    kind = "image"
+    Params = ImageParams
+    encodes = True
+
+    def __init__(self, columns: list[str], size: list[int], channels: int, mean: list[float], std: list[float],
+                 augment: dict):
+        self.image_columns = list(columns)
+        self.size, self.channels = [int(size[0]), int(size[1])], int(channels)
+        self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
+        self.augment = dict(augment)
+
+    @classmethod
+    def check_column(cls, at, col, params, plan, index):
+        kind = plan.kinds.get(col)
+        if kind in NUMERIC_KINDS:
+            return (f"{at}: needs an image column, encoded files as bytes or base64 text (got {col!r}, a {kind} column; "
+                    "allowed: binary or string columns)")
+        if col in plan.categorical:
+            return f"{at}: {col!r} is one-hot encoded by data.preprocess[{plan.categorical[col]}] (allowed: an image column)"
+        return None
+
+    @classmethod
+    def advance(cls, plan, params, columns, index):
+        plan.done.update(columns)
+
+    @classmethod
+    def fit(cls, where, params, columns, stats):
+        channels, size = params.channels, list(params.size)
+        if params.normalize == "none":
+            mean, std = [0.0] * channels, [1.0] * channels
+        else:
+            # One mean and deviation per channel over every image column's train pixels.
+            mean, std = stats.image_moments(columns, size, channels)
+        return cls(columns, size, channels, mean, std, params.augment.model_dump())
+
+    def state(self):
+        return {"columns": self.image_columns, "size": self.size, "channels": self.channels, "mean": self.mean,
+                "std": self.std, "augment": self.augment}
+
+    @classmethod
+    def from_state(cls, state):
+        return cls(state["columns"], state["size"], state["channels"], state["mean"], state["std"], state["augment"])
+
+    @property
+    def columns(self):
+        return list(self.image_columns)
+
+    def output_names(self, col):
+        return [f"{col}[{i}]" for i in range(self.size[0] * self.size[1] * self.channels)]
+
+    def segment(self, col):
+        return {"type": "image", "shape": [self.size[0], self.size[1], self.channels], "augment": self.augment}
+
+    def compile(self, layout):
+        from rayline.data.compiled import ImageOp
+
+        return [ImageOp(col, tuple(self.size), self.channels, self.mean, self.std) for col in self.image_columns]
+
+
 # ---------------------------------------------------------------- the registry
 
-STEPS: dict[str, type[Step]] = {cls.kind: cls for cls in (Impute, OneHot, StandardScale, MinMaxScale)}
+STEPS: dict[str, type[Step]] = {cls.kind: cls for cls in (Impute, OneHot, StandardScale, MinMaxScale, Image)}
 
 
 def step_from_state(data: dict) -> Step:

@@ -33,12 +33,27 @@ def import_callable(ref: str, search_paths: list[str]) -> Callable[..., Any]:
         raise SpecError([f"model.import: module {module_name!r} has no attribute {attr!r}"]) from exc
 
 
-def build_from_arch(arch: dict, builtin: Callable[..., Any]):
-    """The model `arch` describes: `model.import`'s callable if set, else the backend's `builtin`,
-    called as (num_features, num_outputs, **model.params)."""
+def build_from_arch(arch: dict, builtin: Callable[..., Any] | dict[str, Callable[..., Any]]):
+    """The model `arch` describes: `model.import`'s callable if set, else the backend's builtin for
+    `model.kind` (`builtin`: one builder, or kind -> builder), called as (num_features, num_outputs,
+    **model.params), plus `input_schema=` (images, tabular positions) when the builder takes it:
+    builders written for tables only keep working."""
     model_spec = arch["model"]
-    factory = import_callable(model_spec["import"], arch.get("search_paths", [])) if model_spec.get("import") else builtin
-    return factory(arch["num_features"], arch["num_outputs"], **model_spec.get("params", {}))
+    if model_spec.get("import"):
+        factory = import_callable(model_spec["import"], arch.get("search_paths", []))
+    else:
+        factory = builtin[model_spec.get("kind") or "mlp"] if isinstance(builtin, dict) else builtin
+    extra = {"input_schema": arch["input_schema"]} if arch.get("input_schema") and _takes_input_schema(factory) else {}
+    return factory(arch["num_features"], arch["num_outputs"], **extra, **model_spec.get("params", {}))
+
+
+def _takes_input_schema(factory: Callable[..., Any]) -> bool:
+    import inspect
+
+    try:
+        return "input_schema" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or a C callable: no introspection, tables only
+        return False
 
 
 def read_arch(model_dir: str) -> dict:

@@ -9,7 +9,7 @@ import numpy as np
 from rayline.inference.arch import build_from_arch, read_arch
 from rayline.inference.outputs import softmax
 
-__all__ = ["WEIGHTS_FILE", "build_mlp", "build_model", "load"]
+__all__ = ["WEIGHTS_FILE", "BUILDERS", "build_mlp", "build_cnn", "build_model", "load"]
 
 WEIGHTS_FILE = "weights.pt"
 
@@ -28,9 +28,18 @@ def build_mlp(num_features: int, num_outputs: int, hidden_sizes=(128, 64), dropo
     return nn.Sequential(*layers)
 
 
+def build_cnn(num_features: int, num_outputs: int, input_schema: dict | None = None, **params):
+    from rayline.inference.torch_cnn import build_cnn as build
+
+    return build(num_features, num_outputs, input_schema=input_schema, **params)
+
+
+BUILDERS = {"mlp": build_mlp, "cnn": build_cnn}  # model.kind -> builder (frameworks.BACKENDS["torch"].kinds)
+
+
 def build_model(arch: dict):
     model_spec = arch["model"]
-    model = build_from_arch(arch, build_mlp)
+    model = build_from_arch(arch, BUILDERS)
     import torch.nn as nn
 
     if not isinstance(model, nn.Module):

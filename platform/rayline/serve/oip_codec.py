@@ -31,6 +31,7 @@ length then the UTF-8 bytes; other datatypes are little-endian, row-major.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import struct
@@ -61,6 +62,7 @@ _FLOATS = {"FP16", "FP32", "FP64", "BF16"}
 # which datatypes a feature kind accepts (first one: what metadata advertises)
 INPUT_DATATYPES = {
     "string": ("BYTES",),
+    "image": ("BYTES",),  # JSON: base64 text; binary: the file's bytes (handed on as base64 text)
     "boolean": ("BOOL",),
     "number": NUMERIC_DATATYPES,
     "integer": ("INT64",) + tuple(d for d in NUMERIC_DATATYPES if d != "INT64"),
@@ -163,7 +165,9 @@ def _flatten(data: Any, where: str) -> list:
     return data
 
 
-def _decode_bytes_elements(raw: bytes, count: int, where: str) -> list:
+def _decode_bytes_elements(raw: bytes, count: int, where: str, raw_bytes: bool = False) -> list:
+    """The elements of a binary BYTES tensor: UTF-8 text, or (`raw_bytes`: an image feature's
+    encoded files) base64 text of each element's bytes, the form /predict's schema takes."""
     out, pos = [], 0
     for i in range(count):
         if pos + 4 > len(raw):
@@ -174,7 +178,8 @@ def _decode_bytes_elements(raw: bytes, count: int, where: str) -> list:
         if pos + size > len(raw):
             raise OipError(f"{where}: binary BYTES element {i} says {size} bytes, {len(raw) - pos} remain")
         try:
-            out.append(raw[pos:pos + size].decode("utf-8"))
+            out.append(base64.b64encode(raw[pos:pos + size]).decode("ascii") if raw_bytes
+                       else raw[pos:pos + size].decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise OipError(f"{where}: binary BYTES element {i} is not UTF-8 text (allowed: UTF-8 strings)") from exc
         pos += size
@@ -183,9 +188,9 @@ def _decode_bytes_elements(raw: bytes, count: int, where: str) -> list:
     return out
 
 
-def _decode_binary(raw: bytes, datatype: str, count: int, where: str) -> list:
+def _decode_binary(raw: bytes, datatype: str, count: int, where: str, raw_bytes: bool = False) -> list:
     if datatype == "BYTES":
-        return _decode_bytes_elements(raw, count, where)
+        return _decode_bytes_elements(raw, count, where, raw_bytes)
     dtype = np.dtype(_DTYPES[datatype])
     if len(raw) != count * dtype.itemsize:
         raise OipError(f"{where}: binary_data_size is {len(raw)} bytes; shape and datatype {datatype} need "
@@ -268,7 +273,7 @@ def _checked_tensors(inputs: list, by_name: dict, binary: bytes, max_rows: int) 
                 raise OipError(f"{where}: parameters.binary_data_size {size!r} runs past the binary data "
                                f"({len(binary) - offset} bytes left; send Inference-Header-Content-Length "
                                "and the tensor bytes after the JSON)")
-            values = _decode_binary(binary[offset:offset + size], datatype, n, where)
+            values = _decode_binary(binary[offset:offset + size], datatype, n, where, raw_bytes=feature["type"] == "image")
             offset += size
         else:
             if "data" not in tensor:

@@ -15,8 +15,10 @@ __all__ = ["SourceSpec", "SplitSpec", "PREPROCESS_KINDS", "PreprocessStep", "Dat
 
 
 class SourceSpec(Strict):
-    format: Literal["sklearn", "csv", "parquet", "json"] = Field(
-        description="Where the rows come from. json: a JSON array of row objects, or JSON Lines (.json, .jsonl, .ndjson).")
+    format: Literal["sklearn", "csv", "parquet", "json", "image_folder"] = Field(
+        description="Where the rows come from. json: a JSON array of row objects, or JSON Lines (.json, .jsonl, .ndjson). "
+                    "image_folder: a directory with one subfolder per class; rows `image` (the file's bytes) and "
+                    "`label` (the folder's name).")
     name: Optional[str] = Field(None, description="sklearn dataset name (format: sklearn).")
     path: Optional[str] = Field(
         None, description="File, directory, glob or URI (s3://, gs://); relative to the spec file."

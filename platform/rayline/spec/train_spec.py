@@ -23,11 +23,14 @@ _IMPORT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 class ModelSpec(Strict):
     framework: Literal["torch", "tensorflow", "xgboost"] = Field(description="Which training backend.")
-    kind: Optional[str] = Field(None, description="A built-in model: mlp (torch, tensorflow), gbdt (xgboost).")
+    kind: Optional[str] = Field(None, description="A built-in model: mlp (torch, tensorflow), cnn (torch: image features, "
+                                                 "with any tabular ones), gbdt (xgboost).")
     import_: Optional[str] = Field(
         None,
         alias="import",
-        description="'module:callable' -> callable(num_features, num_outputs, **params) returning the model.",
+        description="'module:callable' -> callable(num_features, num_outputs, **params) returning the model; "
+                    "a callable with an `input_schema` parameter also gets where each image's pixels lie "
+                    "(images: name, start, stop, shape; tabular: positions).",
     )
     params: dict[str, Any] = Field(default_factory=dict, description="Passed to the model builder.")
 

@@ -1,0 +1,142 @@
+"""An image folder to a served model: `pipelines/digits-images-cnn.yaml` on images made by
+`pipelines/make_digit_images.py` (scikit-learn's bundled digits as 16x16 PNGs in class folders),
+trained by the real runner (data stage in Ray Data, the torch `cnn` kind, registered in MLflow,
+deployed behind its router), then asked over HTTP with base64 PNGs, over the Open Inference
+Protocol with raw bytes by tritonclient, and offline from a Parquet file with an image column.
+
+Predictions over HTTP must equal the offline model's on the same files (the fitted decoding,
+resizing and normalisation run on the replica exactly as in training).
+"""
+
+import base64
+import importlib.util
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+
+from .conftest import PORT, ROOT, ensure_served, run
+
+import tritonclient.http as tritonhttp  # declared in pyproject.toml: a broken install fails, not skips
+
+ACCURACY = 0.85  # the test split's accuracy the spec reaches in the suite's budget (5 epochs, 1 worker)
+
+
+def _maker():
+    spec = importlib.util.spec_from_file_location("make_digit_images", ROOT / "pipelines" / "make_digit_images.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_digit_images
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("digit-images")
+    assert _maker()(root) == 1797
+    return root
+
+
+@pytest.fixture(scope="module")
+def images_run(ray_session, ws, folder):
+    from rayline.spec import apply_overrides, load_spec
+
+    path = ROOT / "pipelines" / "digits-images-cnn.yaml"
+    spec = apply_overrides(load_spec(path), {"data.source.path": str(folder), "train.workers": 1, "train.epochs": 5,
+                                             "train.batch_size": 32})
+    return run(spec, ws, spec_path=str(path))
+
+
+@pytest.fixture(scope="module")
+def endpoint(images_run, ws):
+    return ensure_served(images_run, ws, oip=True, resources_per_replica={"cpus": 0.1}, replicas={"min": 1, "max": 1})
+
+
+def _files(folder, n):
+    files = sorted(folder.rglob("*.png"))[::7][:n]  # every class, spread over the folder
+    return files, [f.parent.name for f in files]
+
+
+def _b64(path):
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def test_an_image_folder_trains_to_the_stated_accuracy(images_run):
+    assert images_run.rows == {"train": 1266, "valid": 347, "test": 184}
+    assert images_run.test_metrics["accuracy"] >= ACCURACY, images_run.test_metrics
+    done = [e for e in images_run.events if e[:2] == ("data", "done")]
+    assert done and "256 features" in done[0][2]  # 16 x 16 x 1 pixels
+
+
+def test_base64_pngs_over_http_answer_as_the_offline_model(images_run, endpoint, ws, folder):
+    import pandas as pd
+
+    from rayline import load_model
+
+    files, labels = _files(folder, 60)
+    response = httpx.post(f"{endpoint}/predict", json={"instances": [{"image": _b64(f)} for f in files],
+                                                       "probabilities": True}, timeout=60)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    model = load_model(images_run.name, images_run.version, workspace=str(ws.root))
+    offline = model.predict(pd.DataFrame({"image": [f.read_bytes() for f in files]}), probabilities=True)
+    assert body["predictions"] == [str(v) for v in offline["prediction"]]
+    np.testing.assert_allclose(np.asarray(body["probabilities"]), offline.filter(like="probability").to_numpy(), rtol=1e-4,
+                               atol=1e-6)
+    assert np.mean(np.asarray(body["predictions"]) == np.asarray(labels)) >= ACCURACY - 0.1
+    meta = httpx.get(f"{endpoint}/metadata", timeout=30).json()
+    assert meta["features"][0]["name"] == "image" and meta["features"][0]["type"] == "image"
+
+
+@pytest.mark.parametrize("value, message", [
+    ("not base64 at all!", "instances[1].image: not a usable image: not base64"),
+    (base64.b64encode(b"plain text, no image").decode(), "instances[1].image: not a usable image: not an image Pillow can decode"),
+    (None, "instances[1].image"),
+    (12, "instances[1].image"),
+])
+def test_a_bad_image_is_a_422_naming_the_row(endpoint, folder, value, message):
+    good = _b64(_files(folder, 1)[0][0])
+    response = httpx.post(f"{endpoint}/predict", json={"instances": [{"image": good}, {"image": value}]}, timeout=30)
+    assert response.status_code == 422, response.text
+    assert message in response.text
+
+
+def test_tritonclient_sends_raw_png_bytes(images_run, endpoint, folder):
+    files, _ = _files(folder, 12)
+    expected = httpx.post(f"{endpoint}/predict", json={"instances": [{"image": _b64(f)} for f in files]},
+                          timeout=60).json()["predictions"]
+    client = tritonhttp.InferenceServerClient(url=f"127.0.0.1:{PORT}", connection_timeout=60, network_timeout=60)
+    try:
+        meta = client.get_model_metadata(images_run.name)
+        assert meta["inputs"] == [{"name": "image", "datatype": "BYTES", "shape": [-1]}]
+        tensor = tritonhttp.InferInput("image", [len(files)], "BYTES")
+        tensor.set_data_from_numpy(np.array([f.read_bytes() for f in files], dtype=np.object_))  # binary by default
+        result = client.infer(images_run.name, [tensor])
+        assert [v.decode() if isinstance(v, bytes) else str(v) for v in result.as_numpy("predictions")] == expected
+        json_tensor = tritonhttp.InferInput("image", [len(files)], "BYTES")
+        json_tensor.set_data_from_numpy(np.array([_b64(f) for f in files], dtype=np.object_), binary_data=False)
+        result = client.infer(images_run.name, [json_tensor])
+        assert [v.decode() if isinstance(v, bytes) else str(v) for v in result.as_numpy("predictions")] == expected
+    finally:
+        client.close()
+
+
+def test_batch_scoring_a_table_with_an_image_column(images_run, ws, folder, tmp_path):
+    import pandas as pd
+
+    files, labels = _files(folder, 40)
+    table = tmp_path / "images.parquet"
+    pd.DataFrame({"id": range(len(files)), "image": [f.read_bytes() for f in files]}).to_parquet(table)
+    out = tmp_path / "scored.parquet"
+    done = subprocess.run([sys.executable, "-m", "rayline.cli", "predict", images_run.name, "--input", str(table),
+                           "--output", str(out), "--keep", "id", "--workspace", str(ws.root), "--engine", "local"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    scored = pd.read_parquet(out)
+    from rayline import load_model
+
+    offline = load_model(images_run.name, images_run.version, workspace=str(ws.root)).predict(
+        pd.DataFrame({"image": [f.read_bytes() for f in files]}))
+    assert scored["id"].tolist() == list(range(len(files)))
+    assert scored["prediction"].astype(str).tolist() == offline["prediction"].astype(str).tolist()
