@@ -36,14 +36,18 @@ class BackendInfo:
 
 
 _MLP_PARAMS = frozenset({"hidden_sizes", "dropout"})
-_CNN_PARAMS = frozenset({"widths", "blocks", "hidden_sizes", "dropout"})  # rayline/inference/torch_cnn.py
+# rayline/inference/torch_combined.py: each kind's encoder parameters, any other encoder's (a mixed
+# table), and the head's.
+_CNN_PARAMS = frozenset({"widths", "blocks", "embedding_dim", "filters", "kernel_sizes", "hidden_sizes", "dropout"})
+_TEXT_CNN_PARAMS = _CNN_PARAMS
+_TRANSFORMER_PARAMS = frozenset({"widths", "blocks", "width", "heads", "layers", "hidden_sizes", "dropout"})
 
 BACKENDS: dict[str, BackendInfo] = {
     "torch": BackendInfo(
         name="torch",
         module="rayline.train.torch_backend",
         inference="rayline.inference.torch_model",
-        kinds={"mlp": _MLP_PARAMS, "cnn": _CNN_PARAMS},
+        kinds={"mlp": _MLP_PARAMS, "cnn": _CNN_PARAMS, "text_cnn": _TEXT_CNN_PARAMS, "transformer": _TRANSFORMER_PARAMS},
         import_returns="a torch.nn.Module",
         grad_compressions=frozenset({"fp16", "bf16", "powersgd"}),
         strategies=frozenset({"ddp", "fsdp"}),

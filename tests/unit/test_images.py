@@ -120,7 +120,7 @@ def test_requests_encode_exactly_as_training_rows_and_the_state_round_trips():
     schema = loaded.input_schema()
     assert schema["images"] == [{"name": "photo", "start": 0, "stop": 36, "type": "image", "shape": [4, 3, 3],
                                  "augment": {"flip": True, "crop": 1}}]
-    assert schema["tabular"] == [36] and schema["num_features"] == 37
+    assert schema["texts"] == [] and schema["tabular"] == [36] and schema["num_features"] == 37
 
 
 def test_a_bad_request_image_names_the_row_and_feature():
@@ -140,13 +140,13 @@ def test_a_bad_request_image_names_the_row_and_feature():
     ([{"image": {"columns": ["x"], "size": [4, 4]}}],
      "data.preprocess[0].image.columns[0]: needs an image column, encoded files as bytes or base64 text (got 'x', a number column"),
     ([{"image": {"columns": ["photo"], "size": [4, 4]}}, {"impute": {"columns": ["photo"], "strategy": "constant", "value": "a"}}],
-     "data.preprocess[1].impute.columns[0]: column 'photo' was decoded by the image step data.preprocess[0]"),
+     "data.preprocess[1].impute.columns[0]: column 'photo' was encoded by the image step data.preprocess[0]"),
     ([{"impute": {"columns": ["photo"], "strategy": "constant", "value": "a"}}, {"image": {"columns": ["photo"], "size": [4, 4]}}],
      "data.preprocess[0].impute.columns[0]: cannot fill 'photo', an image column"),
     ([{"standard_scale": {"columns": ["x"]}}],
      "data.features: binary columns ['photo'] need decoding (allowed: add `- image: {columns: ['photo'], size: [32, 32]}`"),
     ([{"image": {"columns": ["photo"], "size": [4, 4]}}, {"standard_scale": {"columns": ["photo"]}}],
-     "data.preprocess[1].standard_scale.columns[0]: column 'photo' was decoded by the image step data.preprocess[0]"),
+     "data.preprocess[1].standard_scale.columns[0]: column 'photo' was encoded by the image step data.preprocess[0]"),
 ])
 def test_misplaced_image_steps_are_named(preprocess, message):
     from rayline.data.steps import check_steps

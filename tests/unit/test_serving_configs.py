@@ -9,7 +9,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = {"digits": "digits-torch", "diabetes": "diabetes-torch", "breast-cancer": "breast-cancer-xgboost",
-             "wine": "wine-tensorflow", "digits-images": "digits-images-cnn"}
+             "wine": "wine-tensorflow", "digits-images": "digits-images-cnn", "tickets": "tickets-text"}
 
 
 def test_every_reference_pipeline_has_a_serving_config_and_nothing_else_is_there():

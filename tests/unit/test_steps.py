@@ -53,7 +53,7 @@ def _fit(*steps, train=TRAIN):
 
 
 def test_every_registered_step_is_a_spec_kind_with_its_own_model():
-    assert PREPROCESS_KINDS == tuple(STEPS) == ("impute", "one_hot", "standard_scale", "min_max_scale", "image")
+    assert PREPROCESS_KINDS == tuple(STEPS) == ("impute", "one_hot", "standard_scale", "min_max_scale", "image", "text")
     for kind, cls in STEPS.items():
         assert issubclass(cls, Step) and cls.kind == kind
         assert STEP_SPEC_MODELS[kind].__name__.endswith("Step") and kind in STEP_SPEC_MODELS[kind].model_fields

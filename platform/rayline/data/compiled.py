@@ -25,7 +25,7 @@ import numpy as np
 from rayline.data.values import is_missing
 from rayline.errors import DataError
 
-__all__ = ["Batch", "Layout", "AffineOp", "FillNumericOp", "FillCategoryOp", "OneHotOp", "ImageOp", "CompiledTransform",
+__all__ = ["Batch", "Layout", "AffineOp", "FillNumericOp", "FillCategoryOp", "OneHotOp", "ImageOp", "TextOp", "CompiledTransform",
            "FLOAT32_MAX"]
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -159,6 +159,22 @@ class ImageOp:
         pixels -= self.mean
         pixels *= self.inv_std
         batch.hot[self.column] = pixels.reshape(len(pixels), -1)
+
+
+class TextOp:
+    """One text column -> its (n, max_length) block of token ids (rayline/data/text.py)."""
+
+    def __init__(self, column: str, tokenizer: str, max_length: int):
+        from rayline.data.text import load_tokenizer
+
+        self.column, self.max_length = column, max_length
+        self.tokenizer = load_tokenizer(tokenizer, max_length)
+
+    def __call__(self, batch: Batch) -> None:
+        from rayline.data.text import encode_texts
+
+        batch.hot[self.column] = encode_texts(self.tokenizer, batch.cat[self.column], self.column, batch.where,
+                                              self.max_length)
 
 
 def _at(values, row: int):

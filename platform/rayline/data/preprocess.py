@@ -46,7 +46,7 @@ class FeatureInfo:
     """One input column as requests must send it."""
 
     name: str
-    kind: str  # integer | number | boolean | string | binary, and image once an image step decodes it
+    kind: str  # integer | number | boolean | string | binary; image or text once such a step encodes it
     nullable: bool = False  # True when an impute step fills it
     categories: list | None = None  # one-hot categories seen in training
     unknown: str = "ignore"  # ignore | error, for one-hot columns
@@ -77,12 +77,14 @@ class FittedPreprocessing:
 
     def input_schema(self) -> dict:
         """What a model gets besides the width of its input: where each image's pixels lie in a row
-        (start, stop, [height, width, channels], training augmentation) and which positions hold
-        the other (tabular) features. Saved in arch.json; `model.import` callables may take it."""
+        (start, stop, [height, width, channels], training augmentation), where each text's token
+        ids lie (start, stop, length, vocab_size) and which positions hold the other (tabular)
+        features. Saved in arch.json; `model.import` callables may take it."""
         compiled = self.compiled
         inside = {i for segment in compiled.segments for i in range(segment["start"], segment["stop"])}
         return {"num_features": len(compiled.output_columns),
-                "images": [dict(segment) for segment in compiled.segments],
+                "images": [dict(s) for s in compiled.segments if s["type"] == "image"],
+                "texts": [dict(s) for s in compiled.segments if s["type"] == "text"],
                 "tabular": [i for i in range(len(compiled.output_columns)) if i not in inside]}
 
     # ------------------------------------------------------------ transform
@@ -211,9 +213,9 @@ def fit_preprocessing(train, features: list[FeatureInfo], label: LabelInfo, step
             for col, cats in step.categories.items():
                 by_name[col].categories = cats
                 by_name[col].unknown = step.handle_unknown
-        elif kind == "image":
+        elif kind in ("image", "text"):
             for col in step.columns:
-                by_name[col].kind = "image"
+                by_name[col].kind = kind
     fitted.steps = steps
     fitted.__dict__.pop("compiled", None)
     return fitted

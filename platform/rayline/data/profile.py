@@ -31,7 +31,7 @@ import pandas as pd
 from rayline.data.split import HASH_COLUMN, SPLITS, TEST, TRAIN, VALID, Thresholds
 from rayline.errors import DataError
 
-__all__ = ["ColumnStats", "TrainStats", "Profile", "ProfileRequest", "profile_frame", "profile_dataset", "image_key",
+__all__ = ["ColumnStats", "TrainStats", "Profile", "ProfileRequest", "profile_frame", "profile_dataset", "image_key", "words_key",
            "EXACT_VALUES", "SKETCH_K", "MAX_CATEGORIES", "MAX_LABEL_VALUES"]
 
 EXACT_VALUES = 100_000  # per column: up to this many present values, medians are exact
@@ -217,9 +217,16 @@ class TrainStats:
     """What a step's `fit` reads (numeric statistics, distinct values, counts), for the columns
     as the steps fitted before it leave them; `apply(step)` moves it past a fitted step."""
 
-    def __init__(self, columns: dict[str, ColumnStats], images: dict | None = None):
+    def __init__(self, columns: dict[str, ColumnStats], images: dict | None = None, words: dict | None = None):
         self.columns = columns
         self.images = images or {}  # image_key(...) -> [pixels, sum per channel..., sum of squares per channel...]
+        self.words = words or {}  # words_key(...) -> Counter of the column's words (rayline/data/text.py)
+
+    def word_counts(self, col: str, lowercase: bool):
+        counts = self.words.get(words_key(col, lowercase))
+        if counts is None:
+            raise DataError(f"internal: word counts of {col!r} were not gathered")
+        return counts
         self.where = "data.preprocess"  # the step being fitted, for error messages
 
     def image_moments(self, columns: list[str], size, channels: int) -> tuple[list[float], list[float]]:
@@ -276,6 +283,7 @@ class ProfileRequest:
     quantiles: list[str]  # ... plus a sketch
     counted: list[str]  # value counts
     images: list = field(default_factory=list)  # (column, height, width, channels): per-channel pixel moments
+    texts: list = field(default_factory=list)  # (column, lowercase): word counts
     valid: float = 0.0
     test: float = 0.0
     probe_rows: int = 0
@@ -283,10 +291,10 @@ class ProfileRequest:
 
     @classmethod
     def for_steps(cls, label, features, kinds: dict, variants_steps: list[list], **kw) -> "ProfileRequest":
-        from rayline.data.steps import NUMERIC_KINDS, ColumnPlan, Image, Impute, OneHot, kind_and_params
+        from rayline.data.steps import NUMERIC_KINDS, ColumnPlan, Image, Impute, OneHot, Text, kind_and_params
 
         numeric = [c for c in features if kinds.get(c) in NUMERIC_KINDS]
-        quantiles, counted, images = set(), set(), set()
+        quantiles, counted, images, texts = set(), set(), set(), set()
         for steps in variants_steps:
             plan = ColumnPlan.of(features, kinds, steps)
             for step_model in steps:
@@ -300,9 +308,11 @@ class ProfileRequest:
                     counted.update(columns)
                 elif kind == Image.kind and params.normalize == "per_channel":
                     images.update((c, *params.size, params.channels) for c in columns if c in features)
+                elif kind == Text.kind:
+                    texts.update((c, params.lowercase) for c in columns if c in features)
         keep = set(features)
         return cls(label=label, numeric=numeric, quantiles=sorted(quantiles & keep),
-                   counted=sorted(counted & keep), images=sorted(images), **kw)
+                   counted=sorted(counted & keep), images=sorted(images), texts=sorted(texts), **kw)
 
 
 @dataclass
@@ -315,10 +325,11 @@ class Profile:
     train: dict[str, ColumnStats] = field(default_factory=dict)
     probe: pd.DataFrame | None = None  # the probe split's rows with the smallest hashes, hash order
     images: dict = field(default_factory=dict)  # image_key -> pixel moments (TrainStats.images)
+    words: dict = field(default_factory=dict)  # words_key -> word counts (TrainStats.words)
 
     def train_stats(self) -> TrainStats:
         """A fresh copy for one variant's fitting (fitting moves it past each step)."""
-        return TrainStats(copy.deepcopy(self.train), copy.deepcopy(self.images))
+        return TrainStats(copy.deepcopy(self.train), copy.deepcopy(self.images), self.words)
 
     def merge(self, other: "Profile", probe_rows: int) -> "Profile":
         for s in SPLITS:
@@ -333,6 +344,11 @@ class Profile:
             self.train[col] = self.train[col].merge(stats) if col in self.train else stats
         for key, moments in other.images.items():
             self.images[key] = self.images[key] + moments if key in self.images else moments
+        if other.words:
+            from rayline.data.text import merge_word_counts
+
+            for key, counts in other.words.items():
+                self.words[key] = merge_word_counts(self.words[key], counts) if key in self.words else counts
         if other.probe is not None and len(other.probe):
             joined = other.probe if self.probe is None else pd.concat([self.probe, other.probe], ignore_index=True)
             self.probe = joined.sort_values(HASH_COLUMN, kind="stable").head(probe_rows).reset_index(drop=True)
@@ -379,7 +395,16 @@ class BlockProfile:
             stats.counts, stats.too_many = (None, True) if too_many else (counts, False)
         for col, height, width, channels in req.images:
             out.images[image_key(col, (height, width), channels)] = _pixel_moments(train[col], (height, width), channels, col)
+        if req.texts:
+            from rayline.data.text import word_counts
+
+            for col, lowercase in req.texts:
+                out.words[words_key(col, lowercase)] = word_counts(train[col], lowercase, col)
         return out
+
+
+def words_key(col: str, lowercase: bool) -> str:
+    return f"{col}|{'lower' if lowercase else 'cased'}"
 
 
 def image_key(col: str, size, channels: int) -> str:

@@ -37,6 +37,7 @@ __all__ = [
     "StandardScale",
     "MinMaxScale",
     "Image",
+    "Text",
     "check_steps",
     "kind_and_params",
     "step_from_state",
@@ -64,7 +65,7 @@ class ColumnPlan:
     features: list[str]
     kinds: dict[str, str]  # feature -> integer | number | boolean | string (absent: unknown yet)
     categorical: dict[str, int] = field(default_factory=dict)  # column -> index of the one_hot step encoding it
-    images: dict[str, int] = field(default_factory=dict)  # column -> index of the image step decoding it
+    decoded: dict[str, tuple] = field(default_factory=dict)  # column -> (kind, index) of the image or text step encoding it
     done: set = field(default_factory=set)  # columns already encoded (one_hot, image) by an earlier step
 
     @classmethod
@@ -74,15 +75,15 @@ class ColumnPlan:
             if kind == OneHot.kind:
                 for col in params.columns:
                     plan.categorical.setdefault(col, index)
-            elif kind == Image.kind:
+            elif kind in (Image.kind, Text.kind):
                 for col in params.columns:
-                    plan.images.setdefault(col, index)
+                    plan.decoded.setdefault(col, (kind, index))
         return plan
 
     def numeric(self) -> list[str]:
         """Every numeric feature no step encodes (what `columns: numeric` means)."""
         return [c for c in self.features if self.kinds.get(c) in NUMERIC_KINDS
-                and c not in self.categorical and c not in self.images]
+                and c not in self.categorical and c not in self.decoded]
 
     def resolve(self, columns) -> list[str]:
         return self.numeric() if columns == "numeric" else list(columns)
@@ -115,9 +116,10 @@ def check_steps(features: list[str], kinds: dict[str, str], steps_spec: list) ->
                 continue
             seen.add(col)
             if col in plan.done:
-                if col in plan.images:
-                    problems.append(f"{at}: column {col!r} was decoded by the image step data.preprocess[{plan.images[col]}], "
-                                    f"so no later step can use it (got {kind} after image; allowed: one image step per column)")
+                if col in plan.decoded and plan.decoded[col][1] < index:
+                    by, at_index = plan.decoded[col]
+                    problems.append(f"{at}: column {col!r} was encoded by the {by} step data.preprocess[{at_index}], "
+                                    f"so no later step can use it (got {kind} after {by}; allowed: one {by} step per column)")
                     continue
                 encoder = plan.categorical[col]
                 problems.append(
@@ -129,17 +131,18 @@ def check_steps(features: list[str], kinds: dict[str, str], steps_spec: list) ->
             if problem:
                 problems.append(problem)
         cls.advance(plan, params, columns, index)
-    binary = [c for c in features if plan.kinds.get(c) == "binary" and c not in plan.images]
+    binary = [c for c in features if plan.kinds.get(c) == "binary" and c not in plan.decoded]
     if binary:
         problems.append(
             f"data.features: binary columns {binary} need decoding (allowed: add `- image: {{columns: {binary}, "
             "size: [32, 32]}` to data.preprocess for encoded images, or leave them out of data.features)"
         )
-    strings = [c for c in features if plan.kinds.get(c) == "string" and c not in plan.categorical and c not in plan.images]
+    strings = [c for c in features if plan.kinds.get(c) == "string" and c not in plan.categorical and c not in plan.decoded]
     if strings:
         problems.append(
             f"data.features: string columns {strings} need encoding "
-            f"(allowed: add `- one_hot: {{columns: {strings}}}` to data.preprocess, or leave them out of data.features)"
+            f"(allowed: add `- one_hot: {{columns: {strings}}}` to data.preprocess for categories, `- text: {{columns: "
+            f"{strings}}}` for free text, or leave them out of data.features)"
         )
     return problems
 
@@ -215,8 +218,9 @@ def _numeric_only(at: str, col: str, plan: ColumnPlan, what: str) -> str | None:
                 f"data.preprocess[{plan.categorical[col]}] (got {col!r}; allowed: {', '.join(plan.numeric()[:20]) or 'none'})")
     if kind in ENCODED_KINDS:
         return f"{at}: needs a numeric column (got {col!r}, a {kind} column; allowed: {', '.join(plan.numeric()[:20]) or 'none'})"
-    if col in plan.images:
-        return f"{at}: needs a numeric column (got {col!r}, an image column; allowed: {', '.join(plan.numeric()[:20]) or 'none'})"
+    if col in plan.decoded:
+        return (f"{at}: needs a numeric column (got {col!r}, a {plan.decoded[col][0]} column; allowed: "
+                f"{', '.join(plan.numeric()[:20]) or 'none'})")
     return None
 
 
@@ -248,8 +252,8 @@ class Impute(Step):
 
     @classmethod
     def check_column(cls, at, col, params, plan, index):
-        if col in plan.images or plan.kinds.get(col) == "binary":
-            return f"{at}: cannot fill {col!r}, an image column (got impute; allowed: numeric and categorical columns)"
+        if (col in plan.decoded and plan.decoded[col][0] == Image.kind) or plan.kinds.get(col) == "binary":
+            return f"{at}: cannot fill {col!r}, an image column (got impute; allowed: numeric, categorical and text columns)"
         if params.strategy in ("mean", "median"):
             if plan.kinds.get(col) == "string":
                 return (f"{at}: strategy {params.strategy} needs a numeric column (got {col!r}, a string column; "
@@ -295,7 +299,8 @@ class Impute(Step):
 
     def advance_stats(self, stats):
         for col, value in self.fill.items():
-            stats.columns[col].fill(value)
+            if col in stats.columns:  # a text column has word counts instead (its fill's words are not counted)
+                stats.columns[col].fill(value)
 
     @classmethod
     def from_state(cls, state):
@@ -554,9 +559,88 @@ class Image(Step):
         return [ImageOp(col, tuple(self.size), self.channels, self.mean, self.std) for col in self.image_columns]
 
 
+# ---------------------------------------------------------------- text
+
+
+class TextParams(StepParams):
+    columns: list[str] = Field(min_length=1, description="Free-text columns.")
+    tokenizer: Literal["word", "bpe"] = Field("word", description="word: the most frequent words of the train split; "
+                                                                  "bpe: byte-pair subwords learnt on it (Hugging Face "
+                                                                  "tokenizers).")
+    vocab_size: int = Field(5000, ge=3, le=1_000_000, description="Tokens in the vocabulary, [PAD] and [UNK] included.")
+    max_length: int = Field(64, ge=1, le=4096, description="Tokens per text: longer texts are cut, shorter ones padded.")
+    lowercase: bool = Field(True, description="Lowercase before tokenizing (training and requests alike).")
+
+
+class Text(Step):
+    """Tokenize each text with a tokenizer trained on the train split: one block of max_length
+    token ids per text column (0 pads, 1 is an unknown token)."""
+
+    kind = "text"
+    Params = TextParams
+    encodes = True
+
+    def __init__(self, tokenizers: dict[str, str], max_length: int, vocab_sizes: dict[str, int], lowercase: bool):
+        self.tokenizers = dict(tokenizers)  # column -> the fitted tokenizer's JSON
+        self.max_length, self.vocab_sizes, self.lowercase = int(max_length), dict(vocab_sizes), bool(lowercase)
+
+    @classmethod
+    def check_column(cls, at, col, params, plan, index):
+        kind = plan.kinds.get(col)
+        if kind is not None and kind != "string":
+            return f"{at}: needs a text column (got {col!r}, a {kind} column; allowed: string columns)"
+        if col in plan.categorical:
+            return f"{at}: {col!r} is one-hot encoded by data.preprocess[{plan.categorical[col]}] (allowed: a text column)"
+        return None
+
+    @classmethod
+    def advance(cls, plan, params, columns, index):
+        plan.done.update(columns)
+
+    @classmethod
+    def fit(cls, where, params, columns, stats):
+        import json
+
+        from rayline.data.text import train_tokenizer
+
+        tokenizers, sizes = {}, {}
+        for col in columns:
+            counts = stats.word_counts(col, params.lowercase)
+            if not counts:
+                from rayline.errors import DataError
+
+                raise DataError(f"{where}: column {col!r} has no words in the train split")
+            tokenizers[col] = train_tokenizer(counts, params.tokenizer, params.vocab_size, params.lowercase)
+            sizes[col] = len(json.loads(tokenizers[col])["model"]["vocab"])
+        return cls(tokenizers, params.max_length, sizes, params.lowercase)
+
+    def state(self):
+        return {"tokenizers": self.tokenizers, "max_length": self.max_length, "vocab_sizes": self.vocab_sizes,
+                "lowercase": self.lowercase}
+
+    @classmethod
+    def from_state(cls, state):
+        return cls(state["tokenizers"], state["max_length"], state["vocab_sizes"], state["lowercase"])
+
+    @property
+    def columns(self):
+        return list(self.tokenizers)
+
+    def output_names(self, col):
+        return [f"{col}[{i}]" for i in range(self.max_length)]
+
+    def segment(self, col):
+        return {"type": "text", "length": self.max_length, "vocab_size": self.vocab_sizes[col]}
+
+    def compile(self, layout):
+        from rayline.data.compiled import TextOp
+
+        return [TextOp(col, tokenizer, self.max_length) for col, tokenizer in self.tokenizers.items()]
+
+
 # ---------------------------------------------------------------- the registry
 
-STEPS: dict[str, type[Step]] = {cls.kind: cls for cls in (Impute, OneHot, StandardScale, MinMaxScale, Image)}
+STEPS: dict[str, type[Step]] = {cls.kind: cls for cls in (Impute, OneHot, StandardScale, MinMaxScale, Image, Text)}
 
 
 def step_from_state(data: dict) -> Step:

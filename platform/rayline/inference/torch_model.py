@@ -9,7 +9,7 @@ import numpy as np
 from rayline.inference.arch import build_from_arch, read_arch
 from rayline.inference.outputs import softmax
 
-__all__ = ["WEIGHTS_FILE", "BUILDERS", "build_mlp", "build_cnn", "build_model", "load"]
+__all__ = ["WEIGHTS_FILE", "BUILDERS", "build_mlp", "build_cnn", "build_text_cnn", "build_transformer", "build_model", "load"]
 
 WEIGHTS_FILE = "weights.pt"
 
@@ -28,13 +28,20 @@ def build_mlp(num_features: int, num_outputs: int, hidden_sizes=(128, 64), dropo
     return nn.Sequential(*layers)
 
 
-def build_cnn(num_features: int, num_outputs: int, input_schema: dict | None = None, **params):
-    from rayline.inference.torch_cnn import build_cnn as build
+def _combined(kind: str):
+    def build(num_features: int, num_outputs: int, input_schema: dict | None = None, **params):
+        from rayline.inference.torch_combined import build_combined
 
-    return build(num_features, num_outputs, input_schema=input_schema, **params)
+        return build_combined(kind, num_features, num_outputs, input_schema=input_schema, **params)
+
+    build.__name__ = f"build_{kind}"
+    return build
 
 
-BUILDERS = {"mlp": build_mlp, "cnn": build_cnn}  # model.kind -> builder (frameworks.BACKENDS["torch"].kinds)
+build_cnn, build_text_cnn, build_transformer = _combined("cnn"), _combined("text_cnn"), _combined("transformer")
+
+# model.kind -> builder (frameworks.BACKENDS["torch"].kinds names each one's params)
+BUILDERS = {"mlp": build_mlp, "cnn": build_cnn, "text_cnn": build_text_cnn, "transformer": build_transformer}
 
 
 def build_model(arch: dict):

@@ -63,6 +63,7 @@ _FLOATS = {"FP16", "FP32", "FP64", "BF16"}
 INPUT_DATATYPES = {
     "string": ("BYTES",),
     "image": ("BYTES",),  # JSON: base64 text; binary: the file's bytes (handed on as base64 text)
+    "text": ("BYTES",),
     "boolean": ("BOOL",),
     "number": NUMERIC_DATATYPES,
     "integer": ("INT64",) + tuple(d for d in NUMERIC_DATATYPES if d != "INT64"),

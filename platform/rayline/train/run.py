@@ -67,7 +67,7 @@ def loop_config(spec: PipelineSpec, data, plan: ResourcePlan, search_paths: list
         "arch": {
             "num_features": len(data.preprocessing.output_columns),
             "num_outputs": data.preprocessing.num_outputs,
-            # Where image pixels lie in a row (and which positions are tabular): rayline/inference/torch_cnn.py
+            # Where image pixels and text token ids lie in a row, which positions are tabular: rayline/inference/torch_combined.py
             "input_schema": data.preprocessing.input_schema(),
             "task": task,
             "model": {"kind": spec.model.kind, "import": spec.model.import_, "params": spec.model.params},
