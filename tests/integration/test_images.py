@@ -140,3 +140,32 @@ def test_batch_scoring_a_table_with_an_image_column(images_run, ws, folder, tmp_
         pd.DataFrame({"image": [f.read_bytes() for f in files]}))
     assert scored["id"].tolist() == list(range(len(files)))
     assert scored["prediction"].astype(str).tolist() == [str(v) for v in offline["predictions"]]
+
+
+def test_batch_scoring_an_image_folder_keeps_each_files_path_and_class(images_run, ws, folder, tmp_path):
+    """`rayline predict NAME --input FOLDER`: every image, in path order, with its path and class
+    folder beside the prediction (Ray Data on the session's Ray: an image folder is never local);
+    images directly in the folder are scored too, with a null label."""
+    import shutil
+
+    import pandas as pd
+
+    from rayline import load_model
+    from rayline.batch import score
+
+    files, _ = _files(folder, 30)
+    mixed = tmp_path / "to-score"
+    for f in files[:20]:
+        (mixed / f.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, mixed / f.parent.name / f.name)
+    for f in files[20:]:
+        shutil.copy(f, mixed / f"loose-{f.parent.name}-{f.name}")
+    result = score(images_run.name, str(mixed), str(tmp_path / "scored.parquet"), workspace=ws, engine="ray")
+    assert result.rows == 30 and result.engine == "ray"
+    scored = pd.read_parquet(tmp_path / "scored.parquet")
+    expected_paths = sorted(str(p.relative_to(mixed)) for p in mixed.rglob("*.png"))
+    assert scored["path"].tolist() == expected_paths
+    assert scored["label"].isna().sum() == 10 and set(scored["label"].dropna()) <= {str(i) for i in range(10)}
+    offline = load_model(images_run.name, images_run.version, workspace=str(ws.root)).predict(
+        pd.DataFrame({"image": [(mixed / p).read_bytes() for p in expected_paths]}))
+    assert scored["prediction"].astype(str).tolist() == [str(v) for v in offline["predictions"]]

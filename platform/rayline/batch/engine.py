@@ -72,6 +72,8 @@ def input_files(path: str) -> tuple[str, list[str]]:
             raise DataError(f"--input: {exc}") from exc
     if not os.path.isdir(path):
         raise DataError(f"--input: no such file or directory (got {path!r})")
+    from rayline.data.image_folder import has_images, image_files
+
     found: dict[str, list[str]] = {}
     for p in sorted(Path(path).rglob("*")):
         if p.is_file() and not p.name.startswith((".", "_")):
@@ -79,8 +81,11 @@ def input_files(path: str) -> tuple[str, list[str]]:
             if fmt:
                 found.setdefault(fmt, []).append(str(p))
     allowed = ", ".join(s for sfx in FORMAT_SUFFIXES.values() for s in sfx)
+    if not found and has_images(path):  # an image folder: rows image, label (its class folder, if any), path
+        return "image_folder", [file for file, _ in image_files(path, labelled=False)]
     if not found:
-        raise DataError(f"--input: directory holds no data files (got {path!r}; allowed: files ending in {allowed})")
+        raise DataError(f"--input: directory holds no data files (got {path!r}; allowed: files ending in {allowed}, "
+                        "or images)")
     if len(found) > 1:
         raise DataError(f"--input: directory mixes formats (got {', '.join(sorted(found))} files in {path!r}; "
                         "allowed: files of one format)")

@@ -31,6 +31,7 @@ class Source:  # what data.sources.read_dataset reads (the spec's data.source sh
     format: str
     path: str
     name: str | None = None
+    labelled: bool = False  # image_folder: images may sit directly in the folder (no class: label null)
 
 
 class Scorer:

@@ -283,10 +283,10 @@ def _example_instance(spec) -> dict:
     import base64
 
     try:
-        from rayline.data.sources import sample_frame
+        from rayline.data.sources import feature_columns, sample_frame
 
         frame = sample_frame(spec.data.source)
-        features = spec.data.features or [c for c in frame.columns if c != spec.data.label]
+        features = feature_columns(spec.data, list(frame.columns))
         row = frame[features].iloc[0].to_dict()
         return {k: (base64.b64encode(v).decode() if isinstance(v, (bytes, bytearray)) else
                     None if v != v else (v.item() if hasattr(v, "item") else v)) for k, v in row.items()}

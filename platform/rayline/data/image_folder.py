@@ -1,10 +1,12 @@
 """`data.source: {format: image_folder, path: DIR}`: one subfolder per class, its name the label.
 
-The rows have two columns: `image`, the file's bytes as stored (decoding, resizing and
+The rows have three columns: `image`, the file's bytes as stored (decoding, resizing and
 normalising are the `image` preprocessing step's, so a request's image goes through the same
-code), and `label`, the name of the class folder the file sits in (the first folder under DIR;
-deeper folders belong to the same class). Files whose suffix is not an image's are skipped;
-a file that is not an image fails the read naming it.
+code); `label`, the name of the class folder the file sits in (the first folder under DIR;
+deeper folders belong to the same class); and `path`, the file's path under DIR (training reads
+only the spec's columns; batch scoring keeps it beside each prediction). Files whose suffix is not
+an image's are skipped; a file that is not an image fails the read naming it. For batch scoring
+(`labelled=False`) images may also sit directly in DIR: their label is null.
 """
 
 from __future__ import annotations
@@ -14,14 +16,21 @@ from pathlib import Path
 
 from rayline.errors import DataError
 
-__all__ = ["IMAGE_SUFFIXES", "IMAGE_COLUMN", "LABEL_COLUMN", "image_files", "sample_images", "read_image_folder"]
+__all__ = ["IMAGE_SUFFIXES", "IMAGE_COLUMN", "LABEL_COLUMN", "PATH_COLUMN", "image_files", "has_images", "sample_images",
+           "read_image_folder"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-IMAGE_COLUMN, LABEL_COLUMN = "image", "label"
+IMAGE_COLUMN, LABEL_COLUMN, PATH_COLUMN = "image", "label", "path"
 
 
-def image_files(path: str) -> list[tuple[str, str]]:
-    """(file, class) of every image under `path`, sorted; DataError naming what is wrong."""
+def has_images(path: str) -> bool:
+    """Whether a directory holds image files (anywhere under it)."""
+    return any(p.is_file() and p.name.lower().endswith(IMAGE_SUFFIXES) for p in Path(path).rglob("*"))
+
+
+def image_files(path: str, labelled: bool = True) -> list[tuple[str, str | None]]:
+    """(file, class) of every image under `path`, sorted; DataError naming what is wrong. With
+    `labelled=False` an image directly in `path` is allowed, with class None."""
     root = Path(path)
     if not root.is_dir():
         what = "a file" if root.exists() else "no such directory"
@@ -33,7 +42,10 @@ def image_files(path: str) -> list[tuple[str, str]]:
             continue
         parts = file.relative_to(root).parts
         if len(parts) < 2:
-            loose.append(file.name)
+            if labelled:
+                loose.append(file.name)
+            else:
+                files.append((str(file), None))
             continue
         files.append((str(file), parts[0]))
     if loose:
@@ -59,7 +71,7 @@ def _check_image(data: bytes, file: str) -> None:
                         "BMP, WebP, TIFF)") from None
 
 
-def _table(pairs: list[tuple[str, str]]):
+def _table(pairs: list[tuple[str, str]], root: str):
     import pyarrow as pa
 
     images = []
@@ -69,21 +81,22 @@ def _table(pairs: list[tuple[str, str]]):
         _check_image(data, file)
         images.append(data)
     return pa.table({IMAGE_COLUMN: pa.array(images, pa.binary()),
-                     LABEL_COLUMN: pa.array([label for _, label in pairs], pa.string())})
+                     LABEL_COLUMN: pa.array([label for _, label in pairs], pa.string()),
+                     PATH_COLUMN: pa.array([os.path.relpath(file, root) for file, _ in pairs], pa.string())})
 
 
-def sample_images(path: str, rows: int):
+def sample_images(path: str, rows: int, labelled: bool = True):
     """At most `rows` images as an Arrow table, taken in turn from each class (a sample that shows
     every class, for `rayline validate` and the schema checks)."""
-    by_class: dict[str, list] = {}
-    for pair in image_files(path):
+    by_class: dict = {}
+    for pair in image_files(path, labelled):
         by_class.setdefault(pair[1], []).append(pair)
     picked, queues = [], [list(reversed(v)) for v in by_class.values()]
     while len(picked) < rows and any(queues):
         for queue in queues:
             if queue and len(picked) < rows:
                 picked.append(queue.pop())
-    return _table(picked)
+    return _table(picked, path)
 
 
 class _Rows:
@@ -97,24 +110,29 @@ class _Rows:
 
         paths = table.column("path").to_pylist()
         data = table.column("bytes").to_pylist()
-        labels = []
+        labels, relative = [], []
         for file, raw in zip(paths, data):
             _check_image(raw, file)
-            labels.append(Path(os.path.relpath(os.path.abspath(file), self.root)).parts[0])
-        return pa.table({IMAGE_COLUMN: pa.array(data, pa.binary()), LABEL_COLUMN: pa.array(labels, pa.string())})
+            parts = Path(os.path.relpath(os.path.abspath(file), self.root)).parts
+            labels.append(parts[0] if len(parts) > 1 else None)
+            relative.append(os.path.join(*parts))
+        return pa.table({IMAGE_COLUMN: pa.array(data, pa.binary()), LABEL_COLUMN: pa.array(labels, pa.string()),
+                         PATH_COLUMN: pa.array(relative, pa.string())})
 
 
-def read_image_folder(path: str):
-    """Every image as a Ray Dataset of (image, label) rows, read by Ray Data's binary reader in
-    parallel (files many at a time, never all in the driver)."""
-    import ray.data
-
+def read_image_folder(path: str, labelled: bool = True, shuffled: bool = True):
+    """Every image as a Ray Dataset of (image, label, path) rows, read by Ray Data's binary reader
+    in parallel (files many at a time, never all in the driver). `shuffled=False`: in path order
+    (batch scoring's output follows its input)."""
     import random
 
-    files = [file for file, _ in image_files(path)]
+    import ray.data
+
+    files = [file for file, _ in image_files(path, labelled)]
     # Read in a fixed random order, not folder by folder: each block then mixes the classes, as
     # training needs (its local shuffle buffer spans a few batches, a block thousands of rows).
     # The split does not depend on it (it hashes each row's values).
-    random.Random(0).shuffle(files)
+    if shuffled:
+        random.Random(0).shuffle(files)
     ds = ray.data.read_binary_files(files, include_paths=True, file_extensions=None)
     return ds.map_batches(_Rows(path), batch_format="pyarrow", batch_size=256)

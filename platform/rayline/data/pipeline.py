@@ -26,7 +26,7 @@ from rayline.data.schema_check import infer_task
 from rayline.data.split import HASH_COLUMN, TEST, TRAIN, VALID, AddRowHash, Thresholds
 from rayline.data.values import value_key, value_rank
 from rayline.data.fingerprint import fingerprint
-from rayline.data.sources import read_dataset, unwrap_data_error
+from rayline.data.sources import feature_columns, read_dataset, unwrap_data_error
 from rayline.errors import DataError
 
 __all__ = ["PreparedData", "prepare_data", "prepare_variants", "to_training_batch", "PROBE_ROWS"]
@@ -159,7 +159,7 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
     label = spec.data.label
     if label not in columns:
         raise DataError(f"data.label: no such column in the data (got {label!r}; allowed: {', '.join(columns[:20])})")
-    names = spec.data.features or [c for c in columns if c != label]
+    names = feature_columns(spec.data, columns)
     missing = [c for c in names if c not in columns]
     if missing:
         raise DataError(f"data.features: no such columns in the data (got {missing}; allowed: {', '.join(columns[:20])})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rayline.data.preprocess import column_kind
+from rayline.data.sources import feature_columns
 from rayline.data.steps import check_steps
 from rayline.errors import DataError
 
@@ -44,7 +45,7 @@ def check_spec_against_data(spec) -> list[str]:
     key = spec.data.split.key
     if key is not None and key not in columns:
         problems.append(f"data.split.key: no such column in the data (got {key!r}; allowed: {allowed})")
-    features = spec.data.features or [c for c in columns if c != label]
+    features = feature_columns(spec.data, columns)
     for i, col in enumerate(spec.data.features or []):
         if col not in columns:
             problems.append(f"data.features[{i}]: no such column in the data (got {col!r}; allowed: {allowed})")

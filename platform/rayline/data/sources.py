@@ -33,7 +33,7 @@ from rayline.data.json_files import (is_json_array, json_array_rows, json_array_
                                      json_lines_table, rows_table)
 from rayline.errors import DataError
 
-__all__ = ["SAMPLE_ROWS", "FORMAT_SUFFIXES", "is_uri", "format_of", "resolve_paths", "source_schema", "sample_table",
+__all__ = ["SAMPLE_ROWS", "FORMAT_SUFFIXES", "feature_columns", "is_uri", "format_of", "resolve_paths", "source_schema", "sample_table",
            "sample_frame", "read_file", "read_dataset", "csv_convert_options", "unwrap_data_error", "first_line"]
 
 SAMPLE_ROWS = 2000
@@ -44,6 +44,15 @@ FORMAT_SUFFIXES = {
     "parquet": (".parquet", ".pq"),
     "json": (".json", ".jsonl", ".ndjson"),
 }
+
+
+def feature_columns(data_spec, columns: list[str]) -> list[str]:
+    """The spec's features: `data.features`, else every column but the label (and, for an image
+    folder, but the file's path, which names a row and predicts nothing)."""
+    if data_spec.features:
+        return list(data_spec.features)
+    skip = {data_spec.label} | ({"path"} if data_spec.source.format == "image_folder" else set())
+    return [c for c in columns if c not in skip]
 
 
 def is_uri(path: str) -> bool:
@@ -68,7 +77,7 @@ def resolve_paths(source) -> list[str]:
     if source.format == "image_folder":
         from rayline.data.image_folder import image_files
 
-        return [file for file, _ in image_files(path)]
+        return [file for file, _ in image_files(path, getattr(source, "labelled", True))]
     if any(ch in path for ch in "*?["):
         files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
     elif os.path.isdir(path):
@@ -183,7 +192,7 @@ def sample_table(source, columns: list[str] | None = None, rows: int = SAMPLE_RO
     if source.format == "image_folder" and not is_uri(source.path):
         from rayline.data.image_folder import sample_images
 
-        table = sample_images(source.path, rows)
+        table = sample_images(source.path, rows, getattr(source, "labelled", True))
         return table.select(columns) if columns is not None else table
     files = resolve_paths(source)
     if is_uri(files[0]):
@@ -247,7 +256,8 @@ def read_dataset(source):
         from rayline.data.image_folder import read_image_folder
 
         try:
-            ds = read_image_folder(source.path)
+            labelled = getattr(source, "labelled", True)  # batch scoring: unlabelled images too, in path order
+            ds = read_image_folder(source.path, labelled=labelled, shuffled=labelled)
             ds.schema()
             return ds
         except Exception as exc:
