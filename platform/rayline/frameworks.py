@@ -36,7 +36,7 @@ class BackendInfo:
 
 
 _MLP_PARAMS = frozenset({"hidden_sizes", "dropout"})
-# rayline/inference/torch_combined.py: each kind's encoder parameters, any other encoder's (a mixed
+# rayline/inference/torch_combined.py and tf_combined.py: each kind's encoder parameters, any other encoder's (a mixed
 # table), and the head's.
 _CNN_PARAMS = frozenset({"widths", "blocks", "embedding_dim", "filters", "kernel_sizes", "hidden_sizes", "dropout"})
 _TEXT_CNN_PARAMS = _CNN_PARAMS
@@ -56,7 +56,7 @@ BACKENDS: dict[str, BackendInfo] = {
         name="tensorflow",
         module="rayline.train.tensorflow_backend",
         inference="rayline.inference.tensorflow_model",
-        kinds={"mlp": _MLP_PARAMS},
+        kinds={"mlp": _MLP_PARAMS, "cnn": _CNN_PARAMS, "text_cnn": _TEXT_CNN_PARAMS, "transformer": _TRANSFORMER_PARAMS},
         import_returns="a Keras model (tf_keras.Model)",
         multi_gpu_workers=True,  # MirroredStrategy / MWMS over a worker's local GPUs (train/tf_steps.py)
     ),

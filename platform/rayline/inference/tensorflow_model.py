@@ -9,7 +9,8 @@ import numpy as np
 from rayline.inference.arch import build_from_arch, read_arch
 from rayline.inference.outputs import softmax
 
-__all__ = ["WEIGHTS_FILE", "ENV", "PREDICT_BATCH", "use_legacy_keras", "build_mlp", "build_model", "emits_probabilities",
+__all__ = ["WEIGHTS_FILE", "ENV", "PREDICT_BATCH", "BUILDERS", "use_legacy_keras", "build_mlp", "build_model",
+           "emits_probabilities",
            "load_npz", "outputs", "load"]
 
 WEIGHTS_FILE = "weights.npz"
@@ -35,6 +36,21 @@ def build_mlp(num_features: int, num_outputs: int, hidden_sizes=(128, 64), dropo
     return keras.Sequential(layers)
 
 
+def _combined(kind: str):
+    def build(num_features: int, num_outputs: int, input_schema: dict | None = None, **params):
+        from rayline.inference.tf_combined import build_combined
+
+        return build_combined(kind, num_features, num_outputs, input_schema=input_schema, **params)
+
+    build.__name__ = f"build_{kind}"
+    return build
+
+
+# model.kind -> builder (frameworks.BACKENDS["tensorflow"].kinds names each one's params)
+BUILDERS = {"mlp": build_mlp, "cnn": _combined("cnn"), "text_cnn": _combined("text_cnn"),
+            "transformer": _combined("transformer")}
+
+
 def build_model(arch: dict):
     """Build the model of `arch` (call inside a strategy scope when training) with its variables."""
     import tensorflow as tf
@@ -43,7 +59,7 @@ def build_model(arch: dict):
     from rayline.errors import SpecError
 
     model_spec = arch["model"]
-    model = build_from_arch(arch, build_mlp)
+    model = build_from_arch(arch, BUILDERS)
     if not isinstance(model, keras.Model):
         raise SpecError(
             [f"model.import: {model_spec.get('import')} returned {type(model).__name__} (allowed: a Keras model (tf_keras.Model))"]

@@ -23,8 +23,9 @@ _IMPORT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 class ModelSpec(Strict):
     framework: Literal["torch", "tensorflow", "xgboost"] = Field(description="Which training backend.")
-    kind: Optional[str] = Field(None, description="A built-in model: mlp (torch, tensorflow), cnn (torch: image features, "
-                                                 "with any tabular ones), gbdt (xgboost).")
+    kind: Optional[str] = Field(None, description="A built-in model: mlp (torch, tensorflow); cnn (image features), "
+                                                 "text_cnn or transformer (text features), each with any tabular ones "
+                                                 "(torch, tensorflow); gbdt (xgboost).")
     import_: Optional[str] = Field(
         None,
         alias="import",
