@@ -136,6 +136,16 @@ def ws(tmp_path_factory):
     return workspace(tmp_path_factory.mktemp("workspace")).ensure()
 
 
+def pipeline_script(name):
+    """A data-making script of pipelines/ (make_digit_images, make_tickets) imported as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "pipelines" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run(spec, ws, **kwargs):
     from rayline.pipeline.run import run_pipeline
 

@@ -9,7 +9,6 @@ resizing and normalisation run on the replica exactly as in training).
 """
 
 import base64
-import importlib.util
 import subprocess
 import sys
 
@@ -17,24 +16,17 @@ import httpx
 import numpy as np
 import pytest
 
-from .conftest import PORT, ROOT, ensure_served, run
+from .conftest import PORT, ROOT, ensure_served, pipeline_script, run
 
 import tritonclient.http as tritonhttp  # declared in pyproject.toml: a broken install fails, not skips
 
 ACCURACY = 0.85  # the test split's accuracy the spec reaches in the suite's budget (its 8 epochs, 1 worker)
 
 
-def _maker():
-    spec = importlib.util.spec_from_file_location("make_digit_images", ROOT / "pipelines" / "make_digit_images.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_digit_images
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("digit-images")
-    assert _maker()(root) == 1797
+    assert pipeline_script("make_digit_images").make_digit_images(root) == 1797
     return root
 
 

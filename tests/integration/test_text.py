@@ -6,14 +6,12 @@ registered, deployed behind its router, then asked over HTTP with strings and ov
 Inference Protocol by tritonclient. Predictions over HTTP equal the offline model's on the same rows.
 """
 
-import importlib.util
-
 import httpx
 import numpy as np
 import pandas as pd
 import pytest
 
-from .conftest import PORT, ROOT, run
+from .conftest import PORT, ROOT, pipeline_script, run
 
 import tritonclient.http as tritonhttp  # declared in pyproject.toml: a broken install fails, not skips
 
@@ -22,11 +20,8 @@ ACCURACY = 0.85  # the test split's accuracy the spec reaches in the suite's bud
 
 @pytest.fixture(scope="module")
 def tickets(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("make_tickets", ROOT / "pipelines" / "make_tickets.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     path = tmp_path_factory.mktemp("tickets") / "tickets.csv"
-    assert module.make_tickets(path) == 2000
+    assert pipeline_script("make_tickets").make_tickets(path) == 2000
     return path
 
 

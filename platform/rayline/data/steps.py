@@ -172,7 +172,9 @@ class Step(ABC):
 
     @classmethod
     def advance(cls, plan: ColumnPlan, params: StepParams, columns: list[str], index: int) -> None:
-        """Record what this step does to its columns in the plan."""
+        """Record what this step does to its columns in the plan: an encoded column is used up."""
+        if cls.encodes:
+            plan.done.update(columns)
 
     @classmethod
     @abstractmethod
@@ -350,10 +352,6 @@ class OneHot(Step):
         self.handle_unknown = handle_unknown
 
     @classmethod
-    def advance(cls, plan, params, columns, index):
-        plan.done.update(columns)
-
-    @classmethod
     def fit(cls, where, params, columns, stats):
         categories = {}
         for col in columns:
@@ -522,10 +520,6 @@ class Image(Step):
         return None
 
     @classmethod
-    def advance(cls, plan, params, columns, index):
-        plan.done.update(columns)
-
-    @classmethod
     def fit(cls, where, params, columns, stats):
         channels, size = params.channels, list(params.size)
         if params.normalize == "none":
@@ -592,10 +586,6 @@ class Text(Step):
         if col in plan.categorical:
             return f"{at}: {col!r} is one-hot encoded by data.preprocess[{plan.categorical[col]}] (allowed: a text column)"
         return None
-
-    @classmethod
-    def advance(cls, plan, params, columns, index):
-        plan.done.update(columns)
 
     @classmethod
     def fit(cls, where, params, columns, stats):
