@@ -163,3 +163,26 @@ def test_a_text_kind_without_a_text_feature_is_refused_naming_the_fix():
         build_model({"num_features": 2, "num_outputs": 2, "input_schema": {"num_features": 2, "images": [], "texts": [],
                                                                            "tabular": [0, 1]},
                      "model": {"kind": "transformer", "params": {}}})
+
+
+def test_one_model_takes_an_image_a_text_and_tabular_features_together():
+    """A mixed table: an encoder per image and per text, their outputs joined with the tabular
+    features in one head; each part changes the answer."""
+    torch = pytest.importorskip("torch")
+    from rayline.inference.torch_model import build_model
+
+    schema = {"num_features": 26, "images": [{"name": "photo", "start": 0, "stop": 16, "type": "image", "shape": [4, 4, 1],
+                                              "augment": {}}],
+              "texts": [{"name": "text", "start": 16, "stop": 24, "type": "text", "length": 8, "vocab_size": 30}],
+              "tabular": [24, 25]}
+    torch.manual_seed(0)
+    model = build_model({"num_features": 26, "num_outputs": 3, "input_schema": schema,
+                         "model": {"kind": "cnn", "params": {"widths": [4], "embedding_dim": 4, "filters": 4,
+                                                             "kernel_sizes": [2], "hidden_sizes": [8]}}}).eval()
+    assert [type(e).__name__ for e in model.encoders] == ["ImageEncoder", "TextCNN"]
+    x = torch.cat([torch.randn(2, 16), torch.tensor([[3.0, 4, 5, 0, 0, 0, 0, 0]] * 2), torch.randn(2, 2)], dim=1)
+    base = model(x)
+    for column in (3, 17, 25):  # a pixel, a token, a tabular feature
+        changed = x.clone()
+        changed[:, column] += 7.0 if column != 17 else 6.0
+        assert not torch.allclose(model(changed), base), column
