@@ -66,6 +66,7 @@ def rayline_run(folder: Path, args, ws) -> dict:
     summary = run_pipeline(parse_spec(spec_dict(folder, args)), ws, deploy=False, data_cache=False)
     wall = time.monotonic() - started
     return {"wall_s": wall, "data_s": summary.seconds["data"], "train_s": summary.seconds["train"],
+            "register_s": summary.seconds["register"],
             "images_per_s": summary.throughput[0], "valid_accuracy": summary.valid_metrics["accuracy"],
             "train_rows": summary.rows["train"]}
 
@@ -210,14 +211,19 @@ def main() -> None:
             conn.shutdown()
         print(f"  rayline: {ours['wall_s']:.1f} s ({ours['data_s']:.1f} s data, {ours['train_s']:.1f} s train), "
               f"{ours['images_per_s']:,.0f} images/s", flush=True)
+        # The hand-written script registers nothing: rayline's register stage (artifact, probe check,
+        # test metrics, MLflow) is shown apart, and the like-for-like ratio is data + train.
+        like = ours["data_s"] + ours["train_s"]
         rows = [["rayline (image_folder, image step, cnn)", f"{ours['wall_s']:.1f}", f"{ours['data_s']:.1f}",
-                 f"{ours['train_s']:.1f}", f"{ours['images_per_s']:,.0f}", f"{ours['valid_accuracy']:.3f}"],
-                ["hand-written (Dataset + DataLoader + DDP)", f"{hand['wall_s']:.1f}", "-", "-",
-                 f"{hand['images_per_s']:,.0f}", f"{hand['valid_accuracy']:.3f}"],
-                ["rayline / hand-written", f"{ours['wall_s'] / hand['wall_s']:.2f}x", "", "",
-                 f"{ours['images_per_s'] / hand['images_per_s']:.2f}x", ""]]
+                 f"{ours['train_s']:.1f}", f"{like:.1f}", f"{ours['register_s']:.1f}", f"{ours['images_per_s']:,.0f}",
+                 f"{ours['valid_accuracy']:.3f}"],
+                ["hand-written (Dataset + DataLoader + DDP)", f"{hand['wall_s']:.1f}", "-", "-", f"{hand['wall_s']:.1f}",
+                 "-", f"{hand['images_per_s']:,.0f}", f"{hand['valid_accuracy']:.3f}"],
+                ["rayline / hand-written", f"{ours['wall_s'] / hand['wall_s']:.2f}x", "", "", f"{like / hand['wall_s']:.2f}x",
+                 "", f"{ours['images_per_s'] / hand['images_per_s']:.2f}x", ""]]
         print()
-        print(format_table(["", "wall s", "data s", "train s", "images/s (training)", "valid accuracy"], rows))
+        print(format_table(["", "wall s", "data s", "train s", "data + train s", "register s", "images/s (training)",
+                            "valid accuracy"], rows))
         if args.json_out:
             Path(args.json_out).write_text(json.dumps({"machine": info, "args": vars(args), "rayline": ours,
                                                        "hand_written": hand}, indent=1))

@@ -84,7 +84,7 @@ class ImageEncoder(nn.Module):
         self.out_features = c_in
 
     def forward(self, flat: torch.Tensor) -> torch.Tensor:
-        x = flat.reshape(-1, self.height, self.width, self.channels).permute(0, 3, 1, 2)
+        x = flat.reshape(-1, self.height, self.width, self.channels).permute(0, 3, 1, 2).contiguous()
         return self.body(self.augment(x))
 
 
