@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from rayline.errors import DataError, ServeError
-from rayline.serve.client import check_finite, describe_error_body, rows_from_table
+from rayline.serve.request_rows import check_finite, describe_error_body, rows_from_table
 
 __all__ = ["Client", "ServeRequestError", "PREDICTION_COLUMN", "probability_column", "parse_retry_after",
            "backoff_delay", "RETRY_STATUSES", "ONLINE_WRITERS", "write_predictions"]

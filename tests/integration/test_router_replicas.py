@@ -139,7 +139,7 @@ def test_every_router_replica_follows_the_split(digits, ws):
     from ray.experimental.internal_kv import _internal_kv_del
 
     from rayline.registry import Registry
-    from rayline.serve.options import deployment_options
+    from rayline.serve.deployment_options import deployment_options
     from rayline.serve.router import KV_NAMESPACE, Router, routing_key
     from rayline.spec import ServeSpec
     from rayline.serve.applications import ensure_serve, wait_running

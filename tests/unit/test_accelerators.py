@@ -16,7 +16,7 @@ import yaml
 from rayline.errors import ResourceError, SpecError
 from rayline.resources import plan_resources
 from rayline.spec import parse_spec
-from rayline.spec.models import TrainSpec, ray_accelerator_types
+from rayline.spec.pipeline_spec import TrainSpec, ray_accelerator_types
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = yaml.safe_load((ROOT / "pipelines" / "digits-torch.yaml").read_text())

@@ -9,7 +9,7 @@ import pytest
 from rayline.errors import ResourceError
 from rayline.resources import plan_resources
 from rayline.pipeline.plan import plan_when_settled
-from rayline.spec.models import TrainSpec
+from rayline.spec.pipeline_spec import TrainSpec
 
 
 class Clock:

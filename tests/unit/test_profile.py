@@ -11,7 +11,7 @@ from rayline.data import profile as profile_mod
 from rayline.data.preprocess import FeatureInfo, LabelInfo, fit_preprocessing
 from rayline.data.profile import Profile, ProfileRequest, profile_frame
 from rayline.errors import DataError
-from rayline.spec.models import DataSpec
+from rayline.spec.pipeline_spec import DataSpec
 
 ONE_HOT_C = {"one_hot": {"columns": ["c"]}}
 LABEL = LabelInfo(name="y", task="classification", classes=[0, 1])

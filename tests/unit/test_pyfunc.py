@@ -24,7 +24,7 @@ def _fitted(label=LabelInfo("churn", "classification", ["no", "yes"])):
     steps = [{"impute": {"columns": ["tenure", "calls"], "strategy": "median"}},
              {"impute": {"columns": ["plan"], "strategy": "most_frequent"}},
              {"one_hot": {"columns": ["plan", "seats", "trial"]}}]
-    from rayline.spec.models import PipelineSpec
+    from rayline.spec.pipeline_spec import PipelineSpec
 
     steps = PipelineSpec.model_validate({"name": "x", "data": {"source": {"format": "csv", "path": "x.csv"}, "label": "churn",
                                                                 "preprocess": steps},

@@ -25,7 +25,7 @@ def _artifact(folder):
 
 
 def _steps(raw):
-    from rayline.spec.models import PipelineSpec
+    from rayline.spec.pipeline_spec import PipelineSpec
 
     return PipelineSpec.model_validate({"name": "x", "data": {"source": {"format": "csv", "path": "x.csv"}, "label": "y",
                                                                "preprocess": raw},

@@ -50,14 +50,14 @@ def test_build_app_maps_the_spec_to_ray_serve_options():
     auto = d._deployment_config.autoscaling_config
     assert (auto.min_replicas, auto.max_replicas, auto.upscale_delay_s, auto.downscale_delay_s) == (1, 3, 1, 5)
     assert d.ray_actor_options["num_cpus"] == 0.5 and d.ray_actor_options["num_gpus"] == 0.25
-    from rayline.serve.options import REFUSAL_HEADROOM
+    from rayline.serve.deployment_options import REFUSAL_HEADROOM
 
     assert d.max_ongoing_requests == 8 + 4 + REFUSAL_HEADROOM and d.max_queued_requests == -1  # the app queues and refuses (limits.py)
 
 
 def test_build_app_rejects_unknown_or_bad_args():
     from rayline.serve.app import build_app
-    from rayline.serve.options import REFUSAL_HEADROOM
+    from rayline.serve.deployment_options import REFUSAL_HEADROOM
 
     with pytest.raises(ServeError, match=r"unknown keys \['batch_size'\]"):
         build_app({"name": "digits", "batch_size": 8})
@@ -99,7 +99,7 @@ def test_serve_env_proxy_and_bad_choice(monkeypatch):
 
 
 def test_serve_config_workspace_uri_is_passed_on_and_a_path_made_absolute(tmp_path, monkeypatch):
-    from rayline.serve.options import workspace_arg
+    from rayline.serve.deployment_options import workspace_arg
 
     monkeypatch.chdir(tmp_path)
     assert workspace_arg("s3://bucket/prefix") == "s3://bucket/prefix"  # abspath made it <cwd>/s3:/bucket/prefix

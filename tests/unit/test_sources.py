@@ -21,7 +21,7 @@ from rayline.data import json_files, sources
 from rayline.data.fingerprint import fingerprint
 from rayline.data.sources import FORMAT_SUFFIXES, format_of, read_file, sample_table, source_schema
 from rayline.errors import DataError, ServeError
-from rayline.serve.client import describe_error_body, load_instances, post_predict, prediction_rows
+from rayline.serve.request_rows import describe_error_body, load_instances, post_predict, prediction_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [{"a": i, "b": i * 0.5, "c": f"x{i % 3}", "y": i % 2} for i in range(30)]
@@ -301,7 +301,7 @@ def test_a_silent_endpoint_times_out_with_one_line():
 
 
 def test_the_stat_fingerprint_follows_size_and_mtime_and_the_content_one_the_bytes(tmp_path):
-    from rayline.spec.models import SourceSpec
+    from rayline.spec.pipeline_spec import SourceSpec
 
     path = tmp_path / "d.csv"
     path.write_text("x,y\n1,2\n")
@@ -400,7 +400,7 @@ def _object_requests(log, bucket_name):
 
 
 def test_an_s3_prefix_is_fingerprinted_by_etag_from_one_listing_without_reading_an_object(s3_server, bucket):
-    from rayline.spec.models import SourceSpec
+    from rayline.spec.pipeline_spec import SourceSpec
 
     client, name = bucket
     rng = np.random.default_rng(0)
@@ -442,7 +442,7 @@ def test_an_s3_prefix_is_fingerprinted_by_etag_from_one_listing_without_reading_
 
 
 def test_on_a_versioned_bucket_a_rewrite_with_the_same_bytes_is_a_new_version(bucket):
-    from rayline.spec.models import SourceSpec
+    from rayline.spec.pipeline_spec import SourceSpec
 
     client, name = bucket
     client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
@@ -456,7 +456,7 @@ def test_on_a_versioned_bucket_a_rewrite_with_the_same_bytes_is_a_new_version(bu
 
 
 def test_one_s3_object_is_fingerprinted_by_one_head(s3_server, bucket):
-    from rayline.spec.models import SourceSpec
+    from rayline.spec.pipeline_spec import SourceSpec
 
     client, name = bucket
     client.put_object(Bucket=name, Key="d/rows.csv", Body=b"a,y\n1,0\n")
@@ -475,7 +475,7 @@ def test_one_s3_object_is_fingerprinted_by_one_head(s3_server, bucket):
 
 
 def test_an_s3_path_with_no_object_is_a_one_line_data_error(bucket):
-    from rayline.spec.models import SourceSpec
+    from rayline.spec.pipeline_spec import SourceSpec
 
     _, name = bucket
     with pytest.raises(DataError) as info:

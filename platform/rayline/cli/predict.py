@@ -61,7 +61,7 @@ def predict(
         _score_offline(target, json_body, input_file, output, to_file, version, keep, workspace, probabilities, engine)
         return
     from rayline.client import ONLINE_WRITERS, Client, write_predictions
-    from rayline.serve.client import load_instances, prediction_rows
+    from rayline.serve.request_rows import load_instances, prediction_rows
 
     if to_file and Path(output).suffix.lower() not in ONLINE_WRITERS:
         raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json, or a file ending in "

@@ -81,7 +81,7 @@ def check_spec_against_data(spec) -> list[str]:
     if infer and values is not None:
         unique = len(values.column(label).drop_null().unique())
         task = infer_task(column_kind(schema.field(label).type), unique)
-        from rayline.spec.models import CLASSIFICATION_METRICS, REGRESSION_METRICS
+        from rayline.spec.pipeline_spec import CLASSIFICATION_METRICS, REGRESSION_METRICS
 
         allowed_metrics = CLASSIFICATION_METRICS if task == "classification" else REGRESSION_METRICS
         if spec.train.metric not in allowed_metrics:

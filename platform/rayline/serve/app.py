@@ -17,7 +17,7 @@ from typing import Any
 from ray import serve
 
 from rayline.errors import ServeError
-from rayline.serve.options import deployment_options, workspace_arg
+from rayline.serve.deployment_options import deployment_options, workspace_arg
 
 __all__ = ["ModelServer", "build_app"]
 

@@ -207,7 +207,7 @@ def _record_champion(name: str, champion: str, route: str, args: dict) -> None:
     history that `rayline serve rollback` walks back), no canary, and the deployment on the
     version's record (`rayline models show`)."""
     from rayline.registry import Registry
-    from rayline.serve.options import workspace_arg
+    from rayline.serve.deployment_options import workspace_arg
     from rayline.serve.champions import champion_history, record_deployment, set_champion
     from rayline.workspace import workspace as make_workspace
 

@@ -469,7 +469,7 @@ def build_router(name: str, *, workspace: Optional[str] = None, tracking_uri: Op
     protocol "v2" as application oip_app(NAME) at oip_route(NAME)): its replicas reserve what the
     versions' replicas do and autoscale as the spec says, since every request to the route is
     answered in them."""
-    from rayline.serve.options import deployment_options, workspace_arg
+    from rayline.serve.deployment_options import deployment_options, workspace_arg
     from rayline.spec import ServeSpec
 
     settings = {k: v for k, v in (settings or {}).items() if k in ServeSpec.model_fields and k not in ("route", "canary")}

@@ -5,7 +5,7 @@ or raises `SpecError` with one line per problem, each of the form
 ``path.to.field: <what is wrong> (got <value>; allowed: <...>)``.
 
 Modules, one concern each:
-  models.py     the pydantic models (and the JSON Schema made from them)
+  pipeline_spec.py  PipelineSpec, the whole spec (and the JSON Schema made from it)
   problems.py   `Problem` (path, what, got, allowed, hint) and its one text form
   paths.py      dotted paths: rendering, walking the model tree, setting keys
   space.py      tune.space rules: tunable paths, values checked against their fields
@@ -15,7 +15,7 @@ Modules, one concern each:
 """
 
 from rayline.spec.loading import MAX_SPEC_BYTES, load_spec, parse_spec
-from rayline.spec.models import (
+from rayline.spec.pipeline_spec import (
     CLASSIFICATION_METRICS,
     PREPROCESS_KINDS,
     REGRESSION_METRICS,

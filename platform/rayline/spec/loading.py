@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rayline.errors import SpecError
-from rayline.spec.models import PipelineSpec
+from rayline.spec.pipeline_spec import PipelineSpec
 from rayline.spec.assign import set_paths
 from rayline.spec.problems import Problem, SpecProblem, from_validation_error
 from rayline.spec.yaml_safe import load_yaml

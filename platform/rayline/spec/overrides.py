@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rayline.errors import SpecError
-from rayline.spec.models import PipelineSpec
+from rayline.spec.pipeline_spec import PipelineSpec
 from rayline.spec.assign import with_overrides
 from rayline.spec.problems import Problem
 

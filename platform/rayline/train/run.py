@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from rayline.errors import InterruptedRun, TrainingError
 from rayline.resources import ResourcePlan
-from rayline.spec.models import PipelineSpec, metric_mode
+from rayline.spec.pipeline_spec import PipelineSpec, metric_mode
 from rayline.train.backend import load_backend
 from rayline.storage import join, list_names, read_json
 from rayline.train.loop import read_state

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from rayline.errors import RaylineError
-from rayline.spec.models import PipelineSpec
+from rayline.spec.pipeline_spec import PipelineSpec
 from rayline.spec.overrides import apply_overrides
 from rayline.spec.distributions import largest_value
 from rayline.tune.schedulers import TIME_ATTR

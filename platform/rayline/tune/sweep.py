@@ -17,7 +17,7 @@ from typing import Any
 
 from rayline.errors import InterruptedRun, RaylineError, TrainingError
 from rayline.resources import ResourcePlan
-from rayline.spec.models import PipelineSpec, metric_mode
+from rayline.spec.pipeline_spec import PipelineSpec, metric_mode
 from rayline.storage import join
 from rayline.train.run import TrainResult, train
 from rayline.tune.clock import TIME_ATTR, clock_scale, total_units

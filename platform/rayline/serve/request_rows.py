@@ -1,4 +1,6 @@
-"""A small HTTP client for served models (what `rayline predict` uses).
+"""The rows a request to a served model carries, and the rows of its answer: the client side of
+the HTTP API that `rayline predict` and `rayline.Client` share (the Client itself is
+rayline/client.py).
 
 Rows come from `--json` (strict JSON: NaN and Infinity are rejected here, naming the row and
 column, before anything is sent) or from `--input FILE` in any format training reads
