@@ -161,3 +161,18 @@ def test_batch_scoring_an_image_folder_keeps_each_files_path_and_class(images_ru
     offline = load_model(images_run.name, images_run.version, workspace=str(ws.root)).predict(
         pd.DataFrame({"image": [(mixed / p).read_bytes() for p in expected_paths]}))
     assert scored["prediction"].astype(str).tolist() == [str(v) for v in offline["predictions"]]
+
+
+def test_plain_mlflow_pyfunc_takes_the_image_bytes_or_base64(images_run, ws, folder, monkeypatch):
+    """The registered version as a user of MLflow alone loads it: image bytes or base64 text in a
+    DataFrame give /predict's answers."""
+    import mlflow
+    import pandas as pd
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", ws.tracking_uri)
+    files, _ = _files(folder, 8)
+    expected = httpx.post(f"{images_run.endpoint}/predict", json={"instances": [{"image": _b64(f)} for f in files]},
+                          timeout=60).json()["predictions"]
+    model = mlflow.pyfunc.load_model(f"models:/{images_run.name}/{images_run.version}")
+    for column in ([f.read_bytes() for f in files], [_b64(f) for f in files]):
+        assert [str(v) for v in model.predict(pd.DataFrame({"image": column}))["prediction"]] == expected
