@@ -185,6 +185,22 @@ def _ddp_runs(rank: int, port: int, results):
             return {key: {name: value.tolist() for name, value in entry.items()} for key, entry in state["state"].items()}
 
         out["fsdp_optimizer_state"] = {"saved": values(saved), "restored": values(restored)} if rank == 0 else None
+        # The image and text kinds keep their encoders in a ModuleList, which fully_shard refuses as
+        # a unit: sharded through its members, a combined model trains and gathers to a plain state.
+        from rayline.inference.torch_combined import CombinedModel
+
+        schema = {"images": [{"name": "p", "start": 0, "stop": 16, "shape": [4, 4, 1], "augment": {}}],
+                  "texts": [{"name": "t", "start": 16, "stop": 20, "length": 4, "vocab_size": 9}], "tabular": [20]}
+        torch.manual_seed(0)
+        combined = torch_fsdp.shard(CombinedModel(schema, 3, widths=[4], filters=2, kernel_sizes=[2], hidden_sizes=[4]),
+                                    torch.device("cpu"), 2)
+        images = torch.cat([torch.randn(8, 16), torch.randint(0, 9, (8, 4)).float(), torch.randn(8, 1)], dim=1)
+        optimizer = torch.optim.SGD(combined.parameters(), lr=0.1)
+        _train_with(combined, optimizer, [(images, torch.randint(0, 3, (8,)))])
+        weights, _ = torch_fsdp.full_state(combined, optimizer)
+        torch.manual_seed(0)
+        plain = CombinedModel(schema, 3, widths=[4], filters=2, kernel_sizes=[2], hidden_sizes=[4]).state_dict()
+        out["fsdp_combined"] = sorted(weights) == sorted(plain) if rank == 0 else None
         results.put((rank, out))
     finally:
         dist.destroy_process_group()
@@ -258,6 +274,10 @@ def test_ddp_accumulation_all_reduces_once_per_step_and_matches_the_big_batch(dd
     # The ranks agree: the all-reduced update is the same everywhere.
     for a, b in zip(got[0]["accumulated"]["params"], got[1]["accumulated"]["params"]):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b))
+
+
+def test_fsdp_shards_a_model_whose_encoders_sit_in_a_module_list(ddp_results):
+    assert ddp_results[0]["fsdp_combined"] is True, ddp_results[0].get("fsdp_combined")
 
 
 def test_fsdp_optimizer_state_is_restored_exactly_from_a_checkpoint(ddp_results):

@@ -29,11 +29,25 @@ def shard(model, device, world_size: int):
 
     model.to(device)
     mesh = init_device_mesh(device.type, (world_size,))
-    for child in model.children():
-        if any(True for _ in child.parameters()):
-            fully_shard(child, mesh=mesh)
+    for unit in _units(model):
+        fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
+
+
+def _units(module):
+    """The shard units under `module`: each child holding parameters, except that a container
+    without a forward of its own (a ModuleList or ModuleDict: the image and text kinds' encoders)
+    gives its members instead, which fully_shard requires."""
+    from torch import nn
+
+    for child in module.children():
+        if not any(True for _ in child.parameters()):
+            continue
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            yield from _units(child)
+        else:
+            yield child
 
 
 def _options():
