@@ -167,10 +167,10 @@ def hand_written(folder: Path, args) -> dict:
     classes = sorted({label for _, label in files["train"]})
     pixels = np.stack([_load(p, args.size) for p, _ in files["train"]])  # the normalisation's statistics: one pass
     stats = (float(pixels.mean()), float(pixels.std()))
-    result = tempfile.mktemp(prefix="bench-images-", suffix=".json")
-    mp.spawn(_worker, args=(args.workers, files, classes, stats, args, result), nprocs=args.workers, join=True)
-    out = json.loads(Path(result).read_text())
-    os.unlink(result)
+    with tempfile.TemporaryDirectory(prefix="bench-images-") as folder_out:
+        result = os.path.join(folder_out, "result.json")
+        mp.spawn(_worker, args=(args.workers, files, classes, stats, args, result), nprocs=args.workers, join=True)
+        out = json.loads(Path(result).read_text())
     return {"wall_s": time.monotonic() - started, **out, "train_rows": len(files["train"])}
 
 

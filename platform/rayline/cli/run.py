@@ -283,9 +283,9 @@ def _example_instance(spec) -> dict:
     import base64
 
     try:
-        from rayline.data.sources import feature_columns, sample_frame
+        from rayline.data.sources import feature_columns, sample_table
 
-        frame = sample_frame(spec.data.source)
+        frame = sample_table(spec.data.source, rows=1).to_pandas()  # one row: an image folder's sample reads files
         features = feature_columns(spec.data, list(frame.columns))
         row = frame[features].iloc[0].to_dict()
         return {k: (base64.b64encode(v).decode() if isinstance(v, (bytes, bytearray)) else

@@ -51,7 +51,9 @@ def feature_columns(data_spec, columns: list[str]) -> list[str]:
     folder, but the file's path, which names a row and predicts nothing)."""
     if data_spec.features:
         return list(data_spec.features)
-    skip = {data_spec.label} | ({"path"} if data_spec.source.format == "image_folder" else set())
+    from rayline.data.image_folder import PATH_COLUMN
+
+    skip = {data_spec.label} | ({PATH_COLUMN} if data_spec.source.format == "image_folder" else set())
     return [c for c in columns if c not in skip]
 
 
