@@ -86,6 +86,8 @@ def test_base64_pngs_over_http_answer_as_the_offline_model(images_run, endpoint,
     (base64.b64encode(b"plain text, no image").decode(), "instances[1].image: not a usable image: not an image Pillow can decode"),
     (None, '"loc":["body","instances",1,"image"],"msg":"Input should be a valid string"'),
     (12, '"loc":["body","instances",1,"image"],"msg":"Input should be a valid string"'),
+    # a file path is read only where rows are read (training, batch scoring), never from a request
+    ("0/00000-0.png", "instances[1].image: not a usable image: not base64"),
 ])
 def test_a_bad_image_is_a_422_naming_the_row(endpoint, folder, value, message):
     good = _b64(_files(folder, 1)[0][0])
@@ -132,6 +134,67 @@ def test_batch_scoring_a_table_with_an_image_column(images_run, ws, folder, tmp_
         pd.DataFrame({"image": [f.read_bytes() for f in files]}))
     assert scored["id"].tolist() == list(range(len(files)))
     assert scored["prediction"].astype(str).tolist() == [str(v) for v in offline["predictions"]]
+
+
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_batch_scoring_a_csv_of_image_file_paths(images_run, ws, folder, tmp_path, engine):
+    """A CSV naming its images by path relative to itself: the files are scored, the output keeps
+    the paths as given, and a missing file is one line naming it."""
+    import pandas as pd
+
+    from rayline import load_model
+    from rayline.batch import score
+
+    files, _ = _files(folder, 25)
+    table = folder / f"paths-{engine}.csv"  # beside the class folders: paths relative to it
+    pd.DataFrame({"image": [str(f.relative_to(folder)) for f in files]}).to_csv(table, index=False)
+    try:
+        result = score(images_run.name, str(table), str(tmp_path / "scored.parquet"), workspace=ws, engine=engine)
+        assert result.rows == 25 and result.engine == engine
+        scored = pd.read_parquet(tmp_path / "scored.parquet")
+        assert scored["image"].tolist() == [str(f.relative_to(folder)) for f in files]
+        offline = load_model(images_run.name, images_run.version, workspace=str(ws.root)).predict(
+            pd.DataFrame({"image": [f.read_bytes() for f in files]}))
+        assert scored["prediction"].astype(str).tolist() == [str(v) for v in offline["predictions"]]
+        pd.DataFrame({"image": [str(files[0].relative_to(folder)), "3/none.png"]}).to_csv(table, index=False)
+        from rayline.errors import DataError
+
+        with pytest.raises(DataError, match=r"^--input: column 'image': no such image file '3/none.png' \(looked for "
+                                             + str(folder / "3" / "none.png")):
+            score(images_run.name, str(table), str(tmp_path / "bad.parquet"), workspace=ws, engine=engine)
+        assert not (tmp_path / "bad.parquet").exists()
+    finally:
+        table.unlink()
+
+
+def test_a_table_of_image_paths_with_stated_types_needs_no_steps(ray_session, folder, tmp_path):
+    """`data.feature_types: {image: image, shop: categorical}` and no preprocessing: the data stage
+    reads each path's file, adds an image step at the files' size (16 x 16, grayscale) and a
+    one-hot step; the test split's raw rows hold the files' bytes."""
+    import pandas as pd
+
+    from rayline.data import prepare_data
+    from rayline.spec import load_spec
+
+    files, labels = _files(folder, 200)
+    table = folder / "stated.csv"
+    pd.DataFrame({"image": [str(f.relative_to(folder)) for f in files], "shop": ["a", "b"] * 100,
+                  "digit": labels}).to_csv(table, index=False)
+    (tmp_path / "spec.yaml").write_text(
+        f"name: stated\ndata:\n  source: {{format: csv, path: {table}}}\n  label: digit\n"
+        "  feature_types: {image: image, shop: categorical}\n"
+        "model: {framework: torch, kind: cnn}\n")
+    try:
+        prepared = prepare_data(load_spec(tmp_path / "spec.yaml"))
+    finally:
+        table.unlink()
+    steps = {step.kind: step for step in prepared.preprocessing.steps}
+    assert steps["image"].size == [16, 16] and steps["image"].channels == 1
+    assert steps["one_hot"].categories == {"shop": ["a", "b"]}
+    assert len(prepared.preprocessing.output_columns) == 256 + 2
+    test_rows = prepared.collect_test_rows()
+    assert len(test_rows) == prepared.rows["test"] > 0
+    assert set(test_rows["image"]) <= {f.read_bytes() for f in files}
 
 
 def test_batch_scoring_an_image_folder_keeps_each_files_path_and_class(images_run, ws, folder, tmp_path):

@@ -150,6 +150,7 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
                                          if probabilities and task == "classification" else [])
     where = f"model {name!r} v{mv.version}"
     # Columns checked before Ray starts, from Parquet's footer or a bounded sample of the first file.
+    from rayline.data.image_paths import base_of
     from rayline.data.sources import is_uri, source_schema
 
     schema = None
@@ -169,7 +170,7 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
     if chosen == "local":
         with atomic_path(out) as tmp:
             rows, kept = score_locally(name, mv.version, ws, fmt, files, schema, features, keep, where, out_columns,
-                                        probabilities, tmp, progress)
+                                        probabilities, tmp, progress, base_of(str(input_path)))
         return ScoreResult(output=str(out), rows=rows, seconds=time.monotonic() - started, model=name,
                            version=mv.version, columns=kept + out_columns, engine="local")
     connection = connect(ws, address)

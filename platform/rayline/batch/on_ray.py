@@ -48,6 +48,7 @@ def score_on_ray(name, version, ws, fmt, files, input_path, schema, features, ke
     its own frame, which the caller's traceback keeps, and must hold no handle on the scorers."""
     import ray.data
 
+    from rayline.data.image_paths import base_of
     from rayline.data.sources import is_uri, read_dataset
 
     # Output rows in input order: preserve_order, and Ray Data's V1 Parquet reader. Ray 2.60's
@@ -79,7 +80,7 @@ def score_on_ray(name, version, ws, fmt, files, input_path, schema, features, ke
             compute=ray.data.ActorPoolStrategy(min_size=1, max_size=workers),
             fn_constructor_kwargs={"name": name, "version": version, "workspace": ws.location,
                                    "tracking_uri": ws.tracking_uri_override, "probabilities": probabilities,
-                                   "keep": kept})
+                                   "keep": kept, "image_base": base_of(input_path)})
         total = parquet_rows(files) if fmt == "parquet" else None
         rows = _write(scored, tmp, total, progress, unwrap)
     finally:

@@ -38,7 +38,7 @@ class Scorer:
     """One per Ray Data actor: loads the model once, scores pandas batches with numpy."""
 
     def __init__(self, name: str, version: str, workspace: str, tracking_uri: str | None, probabilities: bool,
-                 keep: list[str]):
+                 keep: list[str], image_base: str | None = None):
         import numpy as np
         import pyarrow as pa
 
@@ -55,6 +55,9 @@ class Scorer:
         self.labels = pa.array(classes) if self.classification else None
         self.prob_columns = [probability_column(str(c)) for c in classes]
         self.where = f"model {name} v{version}"
+        # Image columns may name files, relative to the input's folder (data/image_paths.py).
+        self.image_columns = [c for step in prep.steps if step.kind == "image" for c in step.image_columns]
+        self.image_base = image_base
 
     def __call__(self, batch):
         import numpy as np
@@ -65,7 +68,10 @@ class Scorer:
             bad = [c for c, m in missing.items() if m]
             raise DataError(f"--input: column(s) {bad} hold missing values and {self.where} imputes none of them "
                             "(allowed: a value in every row of these columns)")
-        x = self.predictor.preprocessing.transform(batch[self.features])  # the compiled transform serving runs
+        inputs = batch[self.features]
+        if self.image_columns and self.image_base is not None:
+            inputs = self._read_image_files(inputs)  # the kept columns keep the paths
+        x = self.predictor.preprocessing.transform(inputs)  # the compiled transform serving runs
         outputs = self.predictor.infer(x)
         columns = {c: pa.array(batch[c], from_pandas=True) for c in self.keep}
         if self.classification:
@@ -77,6 +83,18 @@ class Scorer:
         else:
             columns[PREDICTION_COLUMN] = pa.array(np.asarray(outputs, dtype=np.float64).reshape(-1))
         return pa.table(columns)
+
+
+    def _read_image_files(self, batch):
+        from rayline.data.image_paths import looks_like_path, read_image_file
+
+        batch = batch.copy()
+        for col in (c for c in self.image_columns if c in batch):
+            try:
+                batch[col] = [read_image_file(v, self.image_base, col) if looks_like_path(v) else v for v in batch[col]]
+            except DataError as exc:
+                raise DataError(f"--input: {exc}") from None
+        return batch
 
 
 def check_columns(names: list[str], features: list[str], keep: list[str] | None, where: str,

@@ -25,7 +25,9 @@ from rayline.data.profile import MAX_LABEL_VALUES, ProfileRequest, profile_datas
 from rayline.data.schema_check import infer_task
 from rayline.data.split import HASH_COLUMN, TEST, TRAIN, VALID, AddRowHash, Thresholds
 from rayline.data.values import value_key, value_rank
+from rayline.data.feature_types import image_columns, with_default_steps
 from rayline.data.fingerprint import fingerprint
+from rayline.data.image_paths import ReadImageFiles, base_of, path_columns
 from rayline.data.sources import feature_columns, read_dataset, unwrap_data_error
 from rayline.errors import DataError
 
@@ -167,6 +169,7 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
     if key is not None and key not in columns:
         raise DataError(f"data.split.key: no such column in the data (got {key!r}; allowed: {', '.join(columns[:20])})")
     kinds = dict(zip(schema.names, (column_kind(t) for t in schema.types)))
+    ds, variants = _typed(ds, source, names, kinds, variants)
     read = names + [label] + ([key] if key is not None and key not in names and key != label else [])
     hashed = ds.select_columns(read).map_batches(
         AddRowHash([key] if key is not None else names + [label], split.seed), batch_format="pyarrow", batch_size=None)
@@ -251,6 +254,45 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
             cache.remove(shared_test_rows)
     _note_phases(prepared, phases)
     return prepared
+
+
+def _typed(ds, source, names: list[str], kinds: dict[str, str], variants: list):
+    """(the Dataset with image file paths read into the files' bytes, the variants with the default
+    steps of data.feature_types appended: data/feature_types.py). Updates `kinds` in place."""
+    import functools
+
+    images = sorted({c for v in variants for c in image_columns(v.data, names)})
+    strings = [c for c in images if kinds.get(c) == "string"]
+    if strings:
+        sample = ds.select_columns(strings).take_batch(_PATHS_SAMPLED, batch_format="pyarrow")
+        paths = path_columns(sample, strings, "data.source")
+        if paths:
+            # Small batches: a block of paths may name thousands of files.
+            ds = ds.map_batches(ReadImageFiles(paths, base_of(source.path)), batch_format="pyarrow",
+                                batch_size=_FILES_PER_BATCH)
+            kinds.update({c: "binary" for c in paths})
+
+    @functools.cache
+    def first_image(col):
+        values = [v for v in ds.select_columns([col]).take_batch(_PATHS_SAMPLED, batch_format="pyarrow")
+                  .column(col).to_pylist() if v is not None]
+        if not values:
+            raise DataError(f"data.feature_types.{col}: no image in the first rows to infer the size from "
+                            "(allowed: an image step with a size)")
+        return values[0]
+
+    typed = []
+    for variant in variants:
+        steps, problems = with_default_steps(variant.data, names, kinds, first_image)
+        if problems:
+            raise DataError("; ".join(problems))
+        typed.append(variant if len(steps) == len(variant.data.preprocess) else variant.model_copy(
+            update={"data": variant.data.model_copy(update={"preprocess": steps})}))
+    return ds, typed
+
+
+_PATHS_SAMPLED = 20  # rows read to tell path columns apart and to infer an image size
+_FILES_PER_BATCH = 256  # image files read per batch of a path column
 
 
 def _note_phases(prepared: list, phases: "_Phases") -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rayline.data.feature_types import image_columns, with_default_steps
+from rayline.data.image_paths import ReadImageFiles, base_of, path_columns
 from rayline.data.preprocess import column_kind
 from rayline.data.sources import feature_columns
 from rayline.data.steps import check_steps
@@ -10,6 +12,7 @@ from rayline.errors import DataError
 __all__ = ["check_spec_against_data", "infer_task"]
 
 _MAX_CLASSES_FOR_INTEGER_LABEL = 50
+_IMAGES_CHECKED = 8  # sampled images per image column decoded before any Ray work
 
 
 def infer_task(kind: str, unique_count: int) -> str:
@@ -51,10 +54,21 @@ def check_spec_against_data(spec) -> list[str]:
             problems.append(f"data.features[{i}]: no such column in the data (got {col!r}; allowed: {allowed})")
     known = [c for c in features if c in columns]
     kinds = {c: column_kind(schema.field(c).type) for c in known}
-    problems += check_steps(features, kinds, spec.data.preprocess)
+    try:
+        images, paths = _image_sample(spec, known, kinds)  # path columns' kinds become binary
+    except DataError as exc:
+        return problems + [str(exc)]
+    undecodable = _undecodable(images, paths)
+    if undecodable:
+        return problems + undecodable
+    try:
+        steps, type_problems = with_default_steps(spec.data, known, kinds, lambda col: _first(images, col))
+    except DataError as exc:
+        return problems + [str(exc)]
+    problems += type_problems or check_steps(features, kinds, steps)
 
     one_hot_error = []  # (i, j, col) of one_hot columns with handle_unknown: error
-    for i, step in enumerate(spec.data.preprocess):
+    for i, step in enumerate(steps):
         kind, params = next(iter(step.model_dump().items()))
         if kind == "one_hot" and params["handle_unknown"] == "error":
             one_hot_error += [(i, j, col) for j, col in enumerate(params["columns"]) if col in kinds]
@@ -90,3 +104,50 @@ def check_spec_against_data(spec) -> list[str]:
                 f"(got {spec.train.metric!r}; allowed: {', '.join(allowed_metrics)})"
             )
     return problems
+
+
+def _image_sample(spec, features: list[str], kinds: dict[str, str]):
+    """(the first `_IMAGES_CHECKED` rows of the image columns as an Arrow table, with file paths
+    read into the files' bytes and those columns' kinds set to binary; {path column: its paths}),
+    or (None, {}) without image columns or for remote data."""
+    from rayline.data.sources import sample_table
+
+    columns = image_columns(spec.data, features)
+    table = sample_table(spec.data.source, columns=columns, rows=_IMAGES_CHECKED) if columns else None
+    if table is None:
+        return None, {}
+    paths = {c: table.column(c).to_pylist() for c in path_columns(table, columns, "data.source")}
+    if paths:
+        try:
+            table = ReadImageFiles(list(paths), base_of(spec.data.source.path))(table)
+        except DataError as exc:
+            raise DataError(f"data.source: {exc}") from None
+        kinds.update({c: "binary" for c in paths})
+    return table, paths
+
+
+def _undecodable(table, paths: dict) -> list[str]:
+    """One problem per image column whose sampled images do not all decode, naming row and file."""
+    from rayline.data.images import decode_image
+    from rayline.data.values import is_missing
+
+    problems = []
+    for col in table.column_names if table is not None else []:
+        for i, value in enumerate(table.column(col).to_pylist()):
+            if is_missing(value):
+                continue
+            try:
+                decode_image(value, (1, 1), 1)
+            except ValueError as exc:
+                file = f" ({paths[col][i]})" if col in paths else ""
+                problems.append(f"data.source: column {col!r} row {i}{file}: not a usable image: {exc}")
+                break
+    return problems
+
+
+def _first(table, col: str):
+    values = [v for v in table.column(col).to_pylist() if v is not None] if table is not None else []
+    if not values:
+        raise DataError(f"data.feature_types.{col}: no image in the sampled rows to infer the size from (allowed: an "
+                        "image step with a size)")
+    return values[0]

@@ -95,7 +95,8 @@ def check_steps(features: list[str], kinds: dict[str, str], steps_spec: list) ->
         problems.append(
             f"data.features: string columns {strings} need encoding "
             f"(allowed: add `- one_hot: {{columns: {strings}}}` to data.preprocess for categories, `- text: {{columns: "
-            f"{strings}}}` for free text, or leave them out of data.features)"
+            f"{strings}}}` for free text, their types in data.feature_types (categorical, text, or image for image "
+            "file paths), or leave them out of data.features)"
         )
     return problems
 

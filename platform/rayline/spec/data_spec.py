@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from rayline.data.feature_types import FEATURE_TYPES
 from rayline.data.steps import STEP_SPEC_MODELS, STEPS
 from rayline.spec.common import SKLEARN_DATASETS, Strict
 from rayline.spec.problems import problem
@@ -90,6 +91,13 @@ class DataSpec(Strict):
     features: Optional[list[str]] = Field(None, description="Default: every column except the label.")
     split: SplitSpec = Field(default_factory=SplitSpec)
     preprocess: list[PreprocessStep] = Field(default_factory=list, description="Fitted on the train split only.")
+    feature_types: dict[str, Literal[FEATURE_TYPES]] = Field(
+        default_factory=dict,
+        description="A feature's type where it is not inferred: numeric, categorical, text or image. Number and "
+                    "boolean columns are numeric and binary columns images unless stated; a string column must be "
+                    "stated or named by a step. A stated column no step names gets its default step: one_hot, text, "
+                    "or image at the first image's size (at most 224 pixels a side). An image column of strings "
+                    "holding file paths is read from those files (relative to the table's folder).")
 
     @field_validator("preprocess", mode="before")
     @classmethod
@@ -120,4 +128,12 @@ class DataSpec(Strict):
     def _label_not_feature(self):
         if self.features and self.label in self.features:
             raise problem("features", "the label is not a feature", got=repr(self.label), allowed="other columns")
+        if self.label in self.feature_types:
+            raise problem(("feature_types", self.label), "the label is not a feature", got=repr(self.label),
+                          allowed="feature columns")
+        if self.features:
+            for col in self.feature_types:
+                if col not in self.features:
+                    raise problem(("feature_types", col), "not in data.features", got=repr(col),
+                                  allowed=", ".join(self.features[:20]))
         return self
