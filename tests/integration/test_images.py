@@ -58,6 +58,8 @@ def test_an_image_folder_trains_to_the_stated_accuracy(images_run):
     assert images_run.test_metrics["accuracy"] >= ACCURACY, images_run.test_metrics
     done = [e for e in images_run.events if e[:2] == ("data", "done")]
     assert done and "256 features" in done[0][2]  # 16 x 16 x 1 pixels
+    # The train split reaches training as read: its PNGs are decoded per batch in the workers.
+    assert any("decoded per batch in training" in e[2] for e in images_run.events if e[:2] == ("data", "progress"))
 
 
 def test_base64_pngs_over_http_answer_as_the_offline_model(images_run, endpoint, ws, folder):
@@ -172,6 +174,7 @@ def test_a_table_of_image_paths_with_stated_types_needs_no_steps(ray_session, fo
     reads each path's file, adds an image step at the files' size (16 x 16, grayscale) and a
     one-hot step; the test split's raw rows hold the files' bytes."""
     import pandas as pd
+    import pyarrow as pa
 
     from rayline.data import prepare_data
     from rayline.spec import load_spec
@@ -192,6 +195,10 @@ def test_a_table_of_image_paths_with_stated_types_needs_no_steps(ray_session, fo
     assert steps["image"].size == [16, 16] and steps["image"].channels == 1
     assert steps["one_hot"].categories == {"shop": ["a", "b"]}
     assert len(prepared.preprocessing.output_columns) == 256 + 2
+    # training gets the train split as read (images decoded per batch there), valid model-ready
+    assert prepared.train_streamed and prepared.train.schema().names == ["image", "shop", "digit"]
+    assert prepared.train.schema().types[0] == pa.binary() and prepared.train.count() == prepared.rows["train"]
+    assert prepared.valid.schema().names == ["features", "label"]
     test_rows = prepared.collect_test_rows()
     assert len(test_rows) == prepared.rows["test"] > 0
     assert set(test_rows["image"]) <= {f.read_bytes() for f in files}

@@ -39,7 +39,7 @@ from rayline.storage import exists, filesystem, is_uri, join, list_names, read_j
 
 __all__ = ["DataCache", "CacheEntry", "EntryWriter", "cache_key", "write_block", "CACHE_FORMAT", "SPLIT_FOLDERS"]
 
-CACHE_FORMAT = 2  # bumped when an entry's layout changes: older entries become misses
+CACHE_FORMAT = 3  # bumped when an entry's layout changes: older entries become misses (3: image runs' train split as read)
 SPLIT_FOLDERS = ("train", "valid", "test_rows")  # PreparedData's datasets, a folder of Parquet files each
 _META = "meta.json"
 

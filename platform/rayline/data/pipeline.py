@@ -64,6 +64,12 @@ class PreparedData:
     cached: bool = False  # read back from the cache, not computed
 
     @property
+    def train_streamed(self) -> bool:
+        """`train` holds the train split's rows as read (images still encoded), which the training
+        workers transform per batch (rayline/train/loop.py), rather than model-ready rows."""
+        return self.preprocessing.streams_train
+
+    @property
     def task(self) -> str:
         return self.preprocessing.label.task
 
@@ -237,8 +243,10 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
                 prepared.append(_transformed(hashed, split, fitted, test_rows, data_fingerprint, probe_frame,
                                              profile.rows, entry, tick))
                 which = f" {len(prepared)}/{len(variants)}" if len(variants) > 1 else ""
+                streamed = " (the train split as read: its images are decoded per batch in training)" \
+                    if fitted.streams_train else ""
                 phases.done("transform", f"transformed{which} {total:,} rows to {len(fitted.output_columns)} features"
-                                         + (" (and stored them in the data cache)" if entry else ""), rows=total)
+                                         + streamed + (" (and stored them in the data cache)" if entry else ""), rows=total)
                 if entry is not None:
                     prepared[-1].cache_key = keys[i]
                     entry.link("test_rows", str(shared_test_rows))
@@ -417,8 +425,12 @@ def _transformed(hashed, split, fitted, test_rows, data_fingerprint, probe_frame
 
     def convert(which):
         folder = entry.folder(which) if entry is not None else None
-        ds = hashed.map_batches(_SplitToTrainingBatch(split, which, fitted, folder), batch_format="pyarrow",
-                                batch_size=None)
+        if which == TRAIN and fitted.streams_train:  # the rows as read: transformed per batch in training
+            columns = [f.name for f in fitted.features] + [fitted.label.name]
+            step = _SplitRows(split, TRAIN, columns, folder)
+        else:
+            step = _SplitToTrainingBatch(split, which, fitted, folder)
+        ds = hashed.map_batches(step, batch_format="pyarrow", batch_size=None)
         out = materialize(ds, PhaseProgress(tick, f"transforming {which}", total_rows=rows[which]) if tick else None)
         # The blocks' order shuffled once they are all there: a reordering of their references,
         # no data moves. (Inside the plan, before the progress count, it held back every block

@@ -70,6 +70,13 @@ class FittedPreprocessing:
         return CompiledTransform(self.features, self.steps)
 
     @property
+    def streams_train(self) -> bool:
+        """Whether the train split travels to training as read, transformed per batch in the
+        training workers (each epoch decodes its images again), rather than model-ready: decoded
+        pixels are float32, tens of times the size of the encoded files they come from."""
+        return any(step.kind == "image" for step in self.steps)
+
+    @property
     def output_columns(self) -> list[str]:
         """The model's input columns, in order (one-hot columns named `column=category`, image
         pixels `column[i]`)."""

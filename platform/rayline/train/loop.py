@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Iterator
 from rayline.workspace import owned_tempdir, sweep_orphans
 
 __all__ = ["with_last", "Throughput", "TRAINING_STATS", "EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays", "shard_batches",
-           "sha256_of", "own_valid_rows", "eval_chunks", "combine_metrics"]
+           "STREAMED", "streamed_preprocessing", "model_ready", "sha256_of", "own_valid_rows", "eval_chunks", "combine_metrics"]
 
 STATE_FILE = "rayline_state.json"
 MODEL_DIR = "model"
@@ -78,10 +78,44 @@ class Throughput:
         return {"samples_per_s": per_worker * world_size, "samples_per_s_per_worker": per_worker, "lr": float(lr)}
 
 
-def shard_batches(shard, num_features: int, label_dtype) -> Iterator[tuple]:
-    """One pass over a Ray Train dataset shard's rows, a batch at a time: (features float32 (n, d), labels)."""
+# The loop config's key for the fitted preprocessing of a train split that comes as read.
+STREAMED = "streamed_preprocessing"
+
+
+def streamed_preprocessing(config: dict):
+    """The FittedPreprocessing the workers transform the train split with, batch by batch, when
+    the data stage handed it over as read (rayline/data/pipeline.py: images are decoded here,
+    each epoch, rather than stored decoded); None when it is model-ready."""
+    state = config.get(STREAMED)
+    if state is None:
+        return None
+    from rayline.data.preprocess import FittedPreprocessing
+
+    return FittedPreprocessing.from_dict(state)
+
+
+def model_ready(preprocessing, frame, num_features: int, label_dtype) -> tuple:
+    """A pandas batch of rows as read -> (features float32 (n, d), labels): the data stage's own
+    transform (rayline/data/pipeline.py's to_training_batch)."""
     import numpy as np
 
+    from rayline.data.pipeline import to_training_batch
+
+    batch = to_training_batch(preprocessing, frame)
+    n = len(batch["label"])
+    return (np.asarray(batch["features"], dtype=np.float32).reshape(n, num_features),
+            np.asarray(batch["label"], dtype=label_dtype))
+
+
+def shard_batches(shard, num_features: int, label_dtype, preprocessing=None) -> Iterator[tuple]:
+    """One pass over a Ray Train dataset shard's rows, a batch at a time: (features float32 (n, d),
+    labels); rows as read are transformed through `preprocessing` (streamed_preprocessing)."""
+    import numpy as np
+
+    if preprocessing is not None:
+        for frame in shard.iter_batches(batch_size=4096, batch_format="pandas"):
+            yield model_ready(preprocessing, frame, num_features, label_dtype)
+        return
     for batch in shard.iter_batches(batch_size=65536, batch_format="numpy"):
         n = len(batch["label"])
         yield (np.asarray(batch["features"], dtype=np.float32).reshape(n, num_features),

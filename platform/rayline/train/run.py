@@ -11,7 +11,7 @@ from rayline.resources import ResourcePlan
 from rayline.spec.pipeline_spec import PipelineSpec, metric_mode
 from rayline.train.backend import load_backend
 from rayline.storage import join, list_names, read_json
-from rayline.train.loop import read_state
+from rayline.train.loop import STREAMED, read_state
 
 __all__ = ["TrainResult", "train", "scaling_config", "loop_config", "locate_best", "checkpoint_keep",
            "START_RETRIES", "START_TIMEOUT_ENV"]
@@ -64,6 +64,9 @@ def loop_config(spec: PipelineSpec, data, plan: ResourcePlan, search_paths: list
         "train_rows": data.rows["train"],  # xgboost: whether a worker's shard can be empty
         # xgboost: a worker's memory budget, when it reserves one (train.resources_per_worker.memory)
         "memory_per_worker": plan.worker_resources().get("memory"),
+        # The fitted preprocessing when the train split comes as read (images: decoded per batch in
+        # the workers, never stored decoded): rayline/train/loop.py's streamed_preprocessing.
+        STREAMED: data.preprocessing.to_dict() if getattr(data, "train_streamed", False) else None,
         "arch": {
             "num_features": len(data.preprocessing.output_columns),
             "num_outputs": data.preprocessing.num_outputs,

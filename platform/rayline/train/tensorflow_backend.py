@@ -27,8 +27,8 @@ from rayline.inference.tensorflow_model import (PREDICT_BATCH, WEIGHTS_FILE, bui
                                                  use_legacy_keras)
 from rayline.inference.tensorflow_model import outputs as model_outputs
 from rayline.train.backend import Backend
-from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, eval_chunks, own_valid_rows, sha256_of,
-                                with_last)
+from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, eval_chunks, model_ready, own_valid_rows,
+                                sha256_of, streamed_preprocessing, with_last)
 from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
 from rayline.train.tf_steps import TfSteps, make_strategy
@@ -132,19 +132,24 @@ class TensorflowBackend(Backend):
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()
         probe_x = probe_features(num_features)  # the probe rows of the test split (rayline/train/probe.py)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
+        streamed = streamed_preprocessing(config)
 
         for epoch in range(reporter.start_epoch, config["epochs"]):
             # Ray's split is equal=True: every worker runs the same number of steps,
             # which MultiWorkerMirroredStrategy's collectives require.
             batches = train_shard.iter_batches(
-                batch_size=per_worker_batch, batch_format="numpy",
+                batch_size=per_worker_batch, batch_format="numpy" if streamed is None else "pandas",
                 local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
             )
             meter = Throughput()
             for batch, last in with_last(batches):
-                meter.add(len(batch["label"]))
-                x = tf.constant(np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), num_features))
-                steps.micro_batch(x, tf.constant(np.asarray(batch["label"], dtype=label_dtype)), last)
+                if streamed is not None:  # rows as read (images): transformed here, batch by batch
+                    x, y = model_ready(streamed, batch, num_features, label_dtype)
+                else:
+                    x = np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), num_features)
+                    y = np.asarray(batch["label"], dtype=label_dtype)
+                meter.add(len(y))
+                steps.micro_batch(tf.constant(x), tf.constant(y), last)
             # The learning rate is a (mirrored) variable: read its value, not the variable object.
             stats = meter.stats(reporter.world_size, float(np.asarray(tf.convert_to_tensor(optimizer.learning_rate))))
 

@@ -11,8 +11,8 @@ import numpy as np
 from rayline.inference.arch import ARCH_FILE
 from rayline.inference.torch_model import WEIGHTS_FILE, build_model
 from rayline.train.backend import Backend
-from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, eval_chunks, own_valid_rows, sha256_of,
-                                with_last)
+from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, eval_chunks, model_ready, own_valid_rows,
+                                sha256_of, streamed_preprocessing, with_last)
 from rayline.inference.outputs import softmax
 from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
@@ -128,6 +128,8 @@ class TorchBackend(Backend):
         probe_x = None if probe_x is None else torch.from_numpy(probe_x).to(device)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
         dtypes = {"features": torch.float32, "label": label_dtype}
+        streamed = _collate(streamed_preprocessing(config), config["arch"]["num_features"],
+                            np.int64 if classification else np.float32)
 
         # train.precision and train.grad_accumulation (rayline/train/torch_steps.py).
         steps = TorchSteps(model, optimizer, precision=config.get("precision", "fp32"),
@@ -141,8 +143,10 @@ class TorchBackend(Backend):
             model.train()
             optimizer.zero_grad(set_to_none=True)
             batches = train_shard.iter_torch_batches(
-                batch_size=per_worker_batch, dtypes=dtypes, device=device,
+                batch_size=per_worker_batch, device=device,
                 local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
+                # Rows as read (images): transformed in Ray Data's prefetch threads, beside the steps.
+                **({"collate_fn": streamed, "prefetch_batches": 2} if streamed is not None else {"dtypes": dtypes}),
             )
             meter = Throughput()
             for batch, last in with_last(batches):
@@ -193,6 +197,22 @@ class TorchBackend(Backend):
         import torch
 
         return {"torch": torch.__version__}
+
+
+def _collate(preprocessing, num_features: int, label_dtype):
+    """Ray Data's collate function for a train split of rows as read: each pandas batch through the
+    fitted preprocessing into tensors (Ray moves them to the device). None when it is model-ready."""
+    if preprocessing is None:
+        return None
+    import torch
+    from ray.data.collate_fn import PandasBatchCollateFn
+
+    class Transform(PandasBatchCollateFn):
+        def __call__(self, frame):
+            x, y = model_ready(preprocessing, frame, num_features, label_dtype)
+            return {"features": torch.from_numpy(x), "label": torch.from_numpy(y)}
+
+    return Transform()
 
 
 BACKEND = TorchBackend()

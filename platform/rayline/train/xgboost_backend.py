@@ -46,7 +46,8 @@ from rayline.inference.arch import ARCH_FILE
 from rayline.inference.xgboost_model import MODEL_FILE
 from rayline.inference.xgboost_model import outputs as model_outputs
 from rayline.train.backend import Backend
-from rayline.train.loop import EpochReporter, Throughput, combine_metrics, own_valid_rows, sha256_of, shard_batches
+from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, own_valid_rows, sha256_of, shard_batches,
+                                streamed_preprocessing)
 from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
 from rayline.workspace import owned_tempdir, sweep_orphans
@@ -234,7 +235,8 @@ class XGBoostBackend(Backend):
         sweep_orphans(tempfile.gettempdir(), EXTMEM_PREFIX)  # left by a killed worker on this node
         cache_dir = owned_tempdir(tempfile.gettempdir(), EXTMEM_PREFIX) if plan.kind == "external" else None
         try:
-            dtrain, train_rows = train_matrix(lambda: shard_batches(train_shard, arch["num_features"], label_dtype),
+            dtrain, train_rows = train_matrix(lambda: shard_batches(train_shard, arch["num_features"], label_dtype,
+                                                                         streamed_preprocessing(config)),
                                               params, arch["num_features"], kind=plan.kind, cache_dir=cache_dir,
                                               may_be_empty=config.get("train_rows", 0) < reporter.world_size)
             self._boost(reporter, config, params, dtrain, train_rows, plan, num_boost_round, early_stopping, every,
