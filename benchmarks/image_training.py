@@ -88,10 +88,27 @@ def _load(path: str, size: int):
         return np.asarray(image.convert("L").resize((size, size), Image.BILINEAR), dtype=np.float32) / 255.0
 
 
+class _Folder:
+    """The hand-written script's Dataset: (normalised pixels, class index) of each file, opened on
+    demand. A module-level class: DataLoader worker processes (--loader-workers) pickle it."""
+
+    def __init__(self, items, index, size, mean, std):
+        self.items, self.index, self.size, self.mean, self.std = items, index, size, mean, std
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        import torch
+
+        path, label = self.items[i]
+        return torch.from_numpy(((_load(path, self.size) - self.mean) / self.std).reshape(-1)), self.index[label]
+
+
 def _worker(rank: int, world: int, files: dict, classes: list, stats: tuple, args, result_file: str) -> None:
     import torch
     import torch.distributed as dist
-    from torch.utils.data import DataLoader, Dataset, DistributedSampler
+    from torch.utils.data import DataLoader, DistributedSampler
 
     from rayline.inference.torch_combined import CombinedModel
 
@@ -102,18 +119,8 @@ def _worker(rank: int, world: int, files: dict, classes: list, stats: tuple, arg
     mean, std = stats
     index = {c: i for i, c in enumerate(classes)}
 
-    class Folder(Dataset):
-        def __init__(self, items):
-            self.items = items
-
-        def __len__(self):
-            return len(self.items)
-
-        def __getitem__(self, i):
-            path, label = self.items[i]
-            return torch.from_numpy(((_load(path, args.size) - mean) / std).reshape(-1)), index[label]
-
-    train, valid = Folder(files["train"]), Folder(files["valid"])
+    train = _Folder(files["train"], index, args.size, mean, std)
+    valid = _Folder(files["valid"], index, args.size, mean, std)
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(train, batch_size=args.batch // world, sampler=sampler, num_workers=args.loader_workers)
     valid_loader = DataLoader(valid, batch_size=256, sampler=DistributedSampler(valid, world, rank, shuffle=False))
@@ -148,7 +155,7 @@ def _worker(rank: int, world: int, files: dict, classes: list, stats: tuple, arg
         if rank == 0:
             with tempfile.TemporaryDirectory() as d:
                 torch.save(model.module.state_dict(), os.path.join(d, "weights.pt"))
-    totals = torch.tensor([float(seen), train_seconds])
+    totals = torch.tensor([float(seen), train_seconds], device=device)  # nccl reduces GPU tensors only
     dist.all_reduce(totals)
     if rank == 0:
         Path(result_file).write_text(json.dumps({"images_per_s": totals[0].item() / (totals[1].item() / world),

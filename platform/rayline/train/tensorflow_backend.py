@@ -165,7 +165,14 @@ class TensorflowBackend(Backend):
             # layers compute in that precision here, and in fp32 when served: recorded as such.
             probe = None
             if probe_x is not None and len(probe_x):
-                probe = model_outputs(infer(tf.constant(probe_x)).numpy(), classification, probabilities)
+                # TensorFloat-32 off (Ampere+ GPUs use it for fp32 by default): the probe must be the
+                # IEEE fp32 that serving computes on CPU (rayline/train/torch_backend.py's _ieee_fp32).
+                tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+                tf.config.experimental.enable_tensor_float_32_execution(False)
+                try:
+                    probe = model_outputs(infer(tf.constant(probe_x)).numpy(), classification, probabilities)
+                finally:
+                    tf.config.experimental.enable_tensor_float_32_execution(tf32)
 
             # Snapshot on every rank (reads may be collectives); rank 0 writes it.
             weights = model.get_weights()

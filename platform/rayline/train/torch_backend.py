@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -165,7 +166,7 @@ class TorchBackend(Backend):
             # rank: a sharded forward is a collective); rank 0's checkpoint holds them.
             probe = None
             if probe_x is not None and len(probe_x):
-                with torch.no_grad():
+                with torch.no_grad(), _ieee_fp32():
                     probe = model(probe_x).float().cpu().numpy()
                 probe = softmax(probe) if classification else probe.reshape(-1)
 
@@ -197,6 +198,22 @@ class TorchBackend(Backend):
         import torch
 
         return {"torch": torch.__version__}
+
+
+@contextlib.contextmanager
+def _ieee_fp32():
+    """TensorFloat-32 off for the probe's forward pass. On Ampere and later GPUs cuDNN runs fp32
+    convolutions in TF32 by default: an H100-trained cnn's probe outputs were 8e-4 from the CPU
+    fp32 that serving computes, and registration refused the version as skewed. In IEEE fp32 the
+    two agree to the check's 1e-4; training and validation keep TF32's speed."""
+    import torch
+
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def _collate(preprocessing, num_features: int, label_dtype):
