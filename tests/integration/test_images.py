@@ -83,6 +83,37 @@ def test_base64_pngs_over_http_answer_as_the_offline_model(images_run, endpoint,
     assert meta["features"][0]["name"] == "image" and meta["features"][0]["type"] == "image"
 
 
+def test_concurrent_image_requests_are_batched_and_each_gets_its_own_rows(images_run, endpoint, ws, folder):
+    """Serve's request batching is on (the default): concurrent requests of different sizes are
+    merged into model calls, and each still gets exactly its own images' answers; a request with
+    a bad image fails alone, naming its own row."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pandas as pd
+
+    from rayline import load_model
+
+    files, _ = _files(folder, 40)
+    sizes = [1, 3, 5, 2, 4, 1, 6, 2, 3, 5, 1, 4]
+    starts = np.cumsum([0] + sizes[:-1]) % (len(files) - 6)
+    requests = [[{"image": _b64(f)} for f in files[s:s + n]] for s, n in zip(starts, sizes)]
+    bad = {2, 7}
+    for i in bad:
+        requests[i][-1] = {"image": base64.b64encode(b"no image here").decode()}
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda inst: httpx.post(f"{endpoint}/predict", json={"instances": inst}, timeout=60),
+                                requests))
+    model = load_model(images_run.name, images_run.version, workspace=str(ws.root))
+    for i, (instances, response) in enumerate(zip(requests, answers)):
+        if i in bad:
+            assert response.status_code == 422, response.text
+            assert f"instances[{len(instances) - 1}].image: not a usable image" in response.text
+            continue
+        assert response.status_code == 200, response.text
+        offline = model.predict(pd.DataFrame({"image": [base64.b64decode(r["image"]) for r in instances]}))
+        assert response.json()["predictions"] == offline["predictions"]
+
+
 @pytest.mark.parametrize("value, message", [
     ("not base64 at all!", "instances[1].image: not a usable image: not base64"),
     (base64.b64encode(b"plain text, no image").decode(), "instances[1].image: not a usable image: not an image Pillow can decode"),
@@ -246,3 +277,24 @@ def test_plain_mlflow_pyfunc_takes_the_image_bytes_or_base64(images_run, ws, fol
     model = mlflow.pyfunc.load_model(f"models:/{images_run.name}/{images_run.version}")
     for column in ([f.read_bytes() for f in files], [_b64(f) for f in files]):
         assert [str(v) for v in model.predict(pd.DataFrame({"image": column}))["prediction"]] == expected
+
+
+def test_the_tensorflow_cnn_trains_on_the_streamed_split_and_registers(ray_session, ws, folder):
+    """The same pipeline with `model.framework: tensorflow`: the Keras cnn trains on the train split
+    as read (decoded per batch in the worker), and registration's probe check passes (the loaded
+    artifact reproduces the live model on the probe rows), so the served model is the trained one."""
+    from rayline import load_model
+    from rayline.spec import apply_overrides, load_spec
+
+    path = ROOT / "pipelines" / "digits-images-cnn.yaml"
+    spec = apply_overrides(load_spec(path), {"data.source.path": str(folder), "train.workers": 1, "train.epochs": 4,
+                                             "model.framework": "tensorflow", "name": "digits-images-tf"})
+    summary = run(spec, ws, spec_path=str(path), deploy=False)
+    assert any("decoded per batch in training" in e[2] for e in summary.events if e[:2] == ("data", "progress"))
+    assert summary.test_metrics["accuracy"] >= 0.7, summary.test_metrics
+    files, labels = _files(folder, 50)
+    import pandas as pd
+
+    model = load_model(summary.name, summary.version, workspace=str(ws.root))
+    predictions = model.predict(pd.DataFrame({"image": [f.read_bytes() for f in files]}))["predictions"]
+    assert np.mean(np.asarray(predictions).astype(str) == np.asarray(labels)) >= 0.6
