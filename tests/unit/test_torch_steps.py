@@ -201,6 +201,25 @@ def _ddp_runs(rank: int, port: int, results):
         torch.manual_seed(0)
         plain = CombinedModel(schema, 3, widths=[4], filters=2, kernel_sizes=[2], hidden_sizes=[4]).state_dict()
         out["fsdp_combined"] = sorted(weights) == sorted(plain) if rank == 0 else None
+        # The image and text kinds under DDP with the other training options at once: PowerSGD
+        # compression, 2 micro-batches per step, bf16 autocast. Both ranks end on the same weights,
+        # which moved from the start.
+        torch.manual_seed(0)
+        model = DistributedDataParallel(CombinedModel(schema, 3, widths=[4], filters=2, kernel_sizes=[2],
+                                                      hidden_sizes=[4]))
+        start = [p.detach().clone() for p in model.parameters()]
+        register_compression(model, {"name": "powersgd", "rank": 1, "start_iter": 2})
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        steps = TorchSteps(model, optimizer, precision="bf16", accumulation=2, device_type="cpu")
+        loss_fn = torch.nn.CrossEntropyLoss()
+        generator = torch.Generator().manual_seed(rank)
+        batches = [(torch.cat([torch.randn(4, 16, generator=generator), torch.randint(0, 9, (4, 4), generator=generator).float(),
+                               torch.randn(4, 1, generator=generator)], dim=1), torch.randint(0, 3, (4,), generator=generator))
+                   for _ in range(6)]
+        for (x, y), last in with_last(batches):
+            steps.micro_batch(lambda: loss_fn(model(x), y), last)
+        out["ddp_combined"] = {"moved": any(not torch.equal(a, b.detach()) for a, b in zip(start, model.parameters())),
+                               "params": [p.detach().tolist() for p in model.parameters()]}
         results.put((rank, out))
     finally:
         dist.destroy_process_group()
@@ -292,6 +311,13 @@ def test_fsdp_optimizer_state_is_restored_exactly_from_a_checkpoint(ddp_results)
     assert all(any(v != 0 for v in torch.tensor(entry["exp_avg"]).flatten().tolist()) for entry in saved.values())
     # Exactly (float32 values sent as Python floats: exact), not approximately.
     assert restored == saved
+
+
+def test_image_and_text_kinds_train_under_ddp_with_compression_accumulation_and_bf16(ddp_results):
+    a, b = ddp_results[0]["ddp_combined"], ddp_results[1]["ddp_combined"]
+    assert a["moved"] and b["moved"]
+    for x, y in zip(a["params"], b["params"]):  # the all-reduced (compressed) update is the same on both ranks
+        torch.testing.assert_close(torch.tensor(x), torch.tensor(y))
 
 
 def test_compressed_all_reduce_trains_close_to_plain_ddp(ddp_results):
