@@ -6,7 +6,10 @@ model, the response) on one uvicorn worker, with no Ray Serve in front and no ba
 against (a), it is what rayline's own code costs per request; set against (b), what the Ray
 Serve hop costs.
 
-    python benchmarks/rayline_app_server.py --workspace W --port 8822
+    python benchmarks/rayline_app_server.py --workspace W --port 8822 [--no-monitoring]
+
+With `--no-monitoring` it is server (f): the same app with serve.monitoring off, so (c)/(f) is what
+the live drift monitoring (rayline/monitoring/live.py) costs a request.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8822)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1, as a Serve replica)")
+    parser.add_argument("--no-monitoring", action="store_true", help="serve.monitoring: false (default: on, as a "
+                                                                    "replica with the default spec)")
     args = parser.parse_args()
 
     import torch
@@ -33,7 +38,16 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     predictor = rayline.load_model(args.model, workspace=args.workspace)
-    app = build_http_app(predictor, str(predictor.version))
+    monitor = None
+    if not args.no_monitoring and predictor.statistics is not None:
+        # The replica's monitor with the default spec; its window stays in this process (no Ray's KV).
+        from rayline.monitoring.live import LiveMonitor
+        from rayline.spec import MonitoringSpec
+
+        classes = len(predictor.preprocessing.label.classes or []) if predictor.task == "classification" else None
+        monitor = LiveMonitor(predictor.statistics, MonitoringSpec(), predictor.name, str(predictor.version),
+                              [f.name for f in predictor.preprocessing.features], classes, kv=False)
+    app = build_http_app(predictor, str(predictor.version), monitor=monitor)
     uvicorn.run(app, host=args.host, port=args.port, workers=1, log_level="warning", access_log=False)
 
 

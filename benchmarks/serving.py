@@ -52,6 +52,7 @@ SAMPLE_ROWS = 64  # rows of the correctness check
 PACKAGES = ("rayline", "ray", "torch", "fastapi", "uvicorn", "pydantic", "numpy", "aiohttp")
 
 SERVER_NAMES = {"(b)": "(b) rayline, printed ROUTE/predict", "(c)": "(c) rayline app, no Ray",
+                "(f)": "(f) rayline app, no Ray, monitoring off",
                 "(d)": "(d) rayline, ROUTE/v/N/predict", "(e)": "(e) rayline, /v2/models/NAME/infer"}
 
 # The issue's targets, as (b)/(a) ratios in the same run: (figure key, comparison, bound).
@@ -76,6 +77,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--serve-port", type=int, default=8820, help="Ray Serve HTTP port (b)")
     p.add_argument("--baseline-port", type=int, default=8821, help="hand-written server port (a)")
     p.add_argument("--app-port", type=int, default=8822, help="rayline's app under plain uvicorn, no Ray (c)")
+    p.add_argument("--app-off-port", type=int, default=8823, help="the same app with serve.monitoring off (f)")
     p.add_argument("--baseline-threads", type=int, default=1, help="torch threads of the hand-written server")
     p.add_argument("--ingress", choices=("haproxy", "proxy"), help="Serve ingress of the head it starts (default: "
                    "rayline's, HAProxy): compare the two for large bodies")
@@ -281,6 +283,15 @@ def _v2_cost(figures: dict) -> list[str]:
                          "(target: p50 <= 1.2x):", ("(e) /v2 infer", "(b) /predict"))
 
 
+def _monitoring_cost(figures: dict) -> list[str]:
+    """What live drift monitoring costs a request: (c) the app with serve.monitoring on (the
+    default) against (f) the same app with it off, both under plain uvicorn (target: p50 <= 1.05x)."""
+    if "(f)" not in figures:
+        return []
+    return _side_by_side(figures, "(c)", "(f)", "monitoring: (c) the app with serve.monitoring on (default) vs (f) off, "
+                         "no Ray (target: p50 <= 1.05x):", ("(c) monitoring on", "(f) monitoring off"))
+
+
 def _report(args, machine: dict, check: dict, results: dict[str, dict]) -> tuple[str, dict]:
     """`results`: server label -> scenario -> LoadResult, (a) first; ratios are against (a)."""
     figures = {label: _figures(res) for label, res in results.items()}
@@ -322,14 +333,16 @@ def _report(args, machine: dict, check: dict, results: dict[str, dict]) -> tuple
         f"{machine['client']}; {machine.get('canary', 'no canary')}; "
         f"baseline torch threads {args.baseline_threads}; correctness: {check.get('agree_a_b')}/{check.get('rows')} rows agree "
         f"(a)=(b), {check.get('agree_b_offline')}/{check.get('rows')} (b)=offline, model version {check.get('version')}",
-        "", table, *_router_hop(figures), *_v2_cost(figures), "",
+        "", table, *_router_hop(figures), *_v2_cost(figures), *_monitoring_cost(figures), "",
         "client and machine CPU (cores busy over each measurement; the machine figure includes everyone):", load,
     ])
     summary = {"figures": {**{label.strip("()"): f for label, f in figures.items()},
                            "ratio": {k: _ratio(k, fa, fb) for k in fa},
                            "ratio_c": {k: _ratio(k, fa, figures["(c)"]) for k in fa} if "(c)" in figures else {},
                            "ratio_router": {k: _ratio(k, figures["(d)"], fb) for k in fb} if "(d)" in figures else {},
-                           "ratio_v2": {k: _ratio(k, fb, figures["(e)"]) for k in fb} if "(e)" in figures else {}},
+                           "ratio_v2": {k: _ratio(k, fb, figures["(e)"]) for k in fb} if "(e)" in figures else {},
+                           "ratio_monitoring": ({k: _ratio(k, figures["(f)"], figures["(c)"]) for k in fb}
+                                                if "(f)" in figures else {})},
                "targets": verdicts}
     return text, summary
 
@@ -371,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     c_url = f"http://127.0.0.1:{args.app_port}"
     baseline = None
     app_server = None
+    app_off_server = None
+    f_url = f"http://127.0.0.1:{args.app_off_port}"
     client = None
     try:
         if owned_ws or not _healthy(f"{b_url}/health"):
@@ -408,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
              "--port", str(args.app_port)],
             health_url=f"{c_url}/health", cwd=str(REPO), log_path=str(ws / "rayline_app_server.log"),
         ).__enter__()
+        app_off_server = ServerProcess(
+            [sys.executable, str(REPO / "benchmarks" / "rayline_app_server.py"), "--workspace", str(ws),
+             "--port", str(args.app_off_port), "--no-monitoring"],
+            health_url=f"{f_url}/health", cwd=str(REPO), log_path=str(ws / "rayline_app_off_server.log"),
+        ).__enter__()
         wait_http(f"{b_url}/health", timeout_s=60)
         check = _check_agreement(f"{a_url}/predict", f"{b_url}/predict", predictor, x, y, features)
         print(f"correctness: {'ok' if check['ok'] else 'FAILED'} {check}", flush=True)
@@ -420,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         client = load_client(args.client)
         machine["client"] = f"hey ({client.binary})" if hasattr(client, "binary") else "aiohttp (harness.LoadClient)"
         print(f"measuring ({args.warmup:g} s warm-up + {args.seconds:g} s each):", flush=True)
-        urls = {"(a)": f"{a_url}/predict", "(b)": f"{b_url}/predict", "(c)": f"{c_url}/predict"}
+        urls = {"(a)": f"{a_url}/predict", "(b)": f"{b_url}/predict", "(c)": f"{c_url}/predict",
+                "(f)": f"{f_url}/predict"}
         if _healthy(f"{b_url}/v/{check['version']}/health"):  # the version's own route (rayline/serve/versions.py)
             urls["(d)"] = f"{b_url}/v/{check['version']}/predict"
         v2 = f"http://127.0.0.1:{args.serve_port}/v2/models/{MODEL}"
@@ -461,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             baseline.stop()
         if app_server is not None:
             app_server.stop()
+        if app_off_server is not None:
+            app_off_server.stop()
         if started_cluster:
             stop_head(ws, args.ray_port, remove_session=owned_ws)
         if owned_ws:

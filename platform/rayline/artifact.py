@@ -21,7 +21,7 @@ __all__ = ["write_artifact"]
 
 
 def write_artifact(dest: str, *, checkpoint_dir: str, preprocessing: FittedPreprocessing, spec, metrics: dict,
-                   fingerprint: str, versions: dict) -> str:
+                   fingerprint: str, versions: dict, statistics=None) -> str:
     """Assemble an artifact directory at `dest` (written to a temporary name, then renamed)."""
     from rayline.version import __version__
     from rayline.train.loop import MODEL_DIR
@@ -35,6 +35,10 @@ def write_artifact(dest: str, *, checkpoint_dir: str, preprocessing: FittedPrepr
     if os.path.isfile(os.path.join(checkpoint_dir, PROBE_FILE)):  # the training-time probe (rayline/train/probe.py)
         shutil.copyfile(os.path.join(checkpoint_dir, PROBE_FILE), os.path.join(tmp, PROBE_FILE))
     preprocessing.save(os.path.join(tmp, PREPROCESSING_FILE))
+    if statistics is not None:  # the train split's features summarised (rayline/monitoring/statistics.py)
+        from rayline.monitoring.statistics import STATISTICS_FILE
+
+        statistics.save(os.path.join(tmp, STATISTICS_FILE))
     meta = {
         "name": spec.name,
         "framework": spec.model.framework,

@@ -75,6 +75,11 @@ class Predictor:
             self.meta: dict[str, Any] = json.load(fh)
         self.version = version
         self.preprocessing = FittedPreprocessing.load(os.path.join(files, PREPROCESSING_FILE))
+        from rayline.monitoring.statistics import STATISTICS_FILE, TrainingStatistics
+
+        statistics = os.path.join(files, STATISTICS_FILE)
+        # The train split's features summarised, for drift checks; None for versions made before them.
+        self.statistics = TrainingStatistics.load(statistics) if os.path.isfile(statistics) else None
         for key, value in framework_env(self.meta["framework"]).items():
             os.environ.setdefault(key, value)
         self._predict = load_predict(self.meta["framework"], os.path.join(files, WEIGHTS_DIR), self.meta)

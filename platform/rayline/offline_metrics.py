@@ -25,8 +25,9 @@ _PARTIAL = "partial"
 _LOADED: dict[str, object] = {}  # artifact digest -> Predictor, per worker process
 
 
-def evaluate_rows(artifact_dir: str, rows) -> dict[str, float]:
-    """Metrics of the artifact on `rows` (a Ray Dataset of raw labelled rows: features and label)."""
+def evaluate_rows(artifact_dir: str, rows, with_partials: bool = False):
+    """Metrics of the artifact on `rows` (a Ray Dataset of raw labelled rows: features and label);
+    with `with_partials`, (metrics, the merged MetricPartials: its confusion matrix, ...)."""
     import json
 
     import ray
@@ -54,7 +55,8 @@ def evaluate_rows(artifact_dir: str, rows) -> dict[str, float]:
         if marker not in str(exc):
             raise
         raise DataError(str(exc).split(marker, 1)[1].strip().splitlines()[0]) from exc
-    return (total or MetricPartials(task)).result()
+    total = total or MetricPartials(task)
+    return (total.result(), total) if with_partials else total.result()
 
 
 def _block_partials(table, artifact, digest: str):

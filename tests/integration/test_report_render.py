@@ -154,3 +154,25 @@ def test_the_render_check_catches_a_figure_that_does_not_draw(browser, synthetic
     assert any("figure decisions" in e for e in result["errors"]), result["errors"]
     with pytest.raises(AssertionError):
         assert_every_figure_drew(broken, result)
+
+
+def test_the_drift_report_draws_a_panel_per_feature_in_chromium(browser, tmp_path):
+    """`rayline predict --drift-report`'s page (rayline/monitoring/report.py) for a shifted numeric
+    feature and an unseen category: every panel draws its training and scored bars, offline."""
+    import numpy as np
+
+    from rayline.monitoring import FeatureCounts, drift
+    from rayline.monitoring.report import render_drift_html
+    from rayline.report import write_html
+    from tests.unit.test_monitoring import _frame, _statistics
+
+    stats = _statistics(_frame())
+    scored = _frame(2000, seed=9)
+    scored["x"] = scored["x"] + 4.0
+    scored.loc[:500, "city"] = "<script>alert(1)</script>"  # a category is text the page must escape
+    drifts = drift(stats, FeatureCounts.of_frame(stats, scored))
+    path = write_html(render_drift_html(drifts, "Drift report: t v1", "--input shifted.csv"), tmp_path / "drift.html")
+    result = render(browser, path)
+    assert_every_figure_drew(path, result)
+    assert len(result["figures"]) == 3 and all(np.isfinite(d.psi) for d in drifts)
+    assert "<script>alert(1)</script>" not in path.read_text()  # only JSON-escaped, inside the figure's data

@@ -6,6 +6,10 @@ registered, deployed behind its router, then asked over HTTP with strings and ov
 Inference Protocol by tritonclient. Predictions over HTTP equal the offline model's on the same rows.
 """
 
+import os
+import subprocess
+import sys
+
 import httpx
 import numpy as np
 import pandas as pd
@@ -98,3 +102,148 @@ def test_tritonclient_sends_text_as_bytes_tensors(text_run, tickets):
             assert got == expected, binary
     finally:
         client.close()
+
+
+def test_the_version_keeps_its_training_statistics(text_run, ws, tickets):
+    """The registered artifact holds the train split's statistics of the raw features: the channel's
+    categories and the age's moments and deciles (text is not summarised)."""
+    from rayline import load_model
+
+    stats = load_model(text_run.name, text_run.version, workspace=str(ws.root)).statistics
+    assert set(stats.features) == {"channel", "account_age_days"}
+    frame = pd.read_csv(tickets)
+    channel = stats.features["channel"]
+    assert channel.categories == sorted(frame["channel"].unique())
+    assert sum(channel.counts) == stats.rows == text_run.rows["train"]
+    age = stats.features["account_age_days"]
+    assert frame["account_age_days"].min() <= age.min < age.mean < age.max <= frame["account_age_days"].max()
+    assert len(age.edges) == 9 and sum(age.counts) == stats.rows
+
+
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_batch_scoring_reports_the_drift_of_its_input(text_run, ws, tickets, tmp_path, engine):
+    """Scored data drawn like the training data drifts nowhere; with the age shifted by two training
+    standard deviations and half the channels replaced by one never seen, exactly those two
+    features are flagged (text has no statistics)."""
+    from rayline import load_model
+    from rayline.batch import score
+
+    frame = pd.read_csv(tickets).drop(columns=["team"]).sample(600, random_state=3)
+    plain = tmp_path / "plain.csv"
+    frame.to_csv(plain, index=False)
+    result = score(text_run.name, str(plain), str(tmp_path / "plain.parquet"), workspace=ws, engine=engine)
+    assert result.engine == engine and {d.name: d.level for d in result.drift} == {"channel": "ok",
+                                                                                     "account_age_days": "ok"}
+    std = load_model(text_run.name, text_run.version, workspace=str(ws.root)).statistics.features["account_age_days"].std
+    shifted = frame.assign(account_age_days=frame["account_age_days"] + 2 * std)
+    shifted.loc[shifted.index[:300], "channel"] = "fax"
+    path = tmp_path / "shifted.csv"
+    shifted.to_csv(path, index=False)
+    result = score(text_run.name, str(path), str(tmp_path / "shifted.parquet"), workspace=ws, engine=engine)
+    report = {d.name: d for d in result.drift}
+    assert report["account_age_days"].level == "alert" and report["account_age_days"].psi > 0.25
+    assert report["channel"].level == "alert" and report["channel"].outside_share == pytest.approx(0.5)
+    if engine == "local":  # the command prints the same table
+        page = tmp_path / "drift.html"
+        done = subprocess.run([sys.executable, "-m", "rayline.cli", "predict", text_run.name, "--input", str(path),
+                               "--output", str(tmp_path / "cli.parquet"), "--engine", "local", "--drift-report",
+                               str(page), "--workspace", str(ws.root)], capture_output=True, text=True, timeout=300,
+                              cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "2 of 2 features drifted" in done.stdout
+        assert "unseen categories 50.0% > 5.0%" in done.stdout and "account_age_days" in done.stdout
+        # the page: one panel per feature, training beside scored shares (the figure's JSON)
+        import json
+
+        from bs4 import BeautifulSoup
+
+        soup = BeautifulSoup(page.read_text(), "html.parser")
+        panels = {s["data-feature"]: s for s in soup.select("section.feature")}
+        assert set(panels) == {"channel", "account_age_days"}
+        channel = json.loads(panels["channel"].select_one("script[data-figure]").string)
+        assert [t["name"] for t in channel["data"]] == ["training", "scored"]
+        assert channel["data"][0]["x"][-1] == "(unseen)" and channel["data"][1]["y"][-1] == pytest.approx(0.5)
+
+
+def _monitoring(endpoint, until, timeout_s=30.0):
+    """GET {route}/monitoring until `until(report)` holds (replicas publish every 2 s)."""
+    import time
+
+    deadline, report = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        response = httpx.get(f"{endpoint}/monitoring", timeout=10)
+        assert response.status_code == 200, response.text
+        report = response.json()
+        if until(report):
+            return report
+        time.sleep(0.5)
+    raise AssertionError(f"monitoring never got there: {report}")
+
+
+def test_live_traffic_is_monitored_against_the_training_statistics(text_run, ws, tickets):
+    """The endpoint with a small window: traffic drawn like the training data drifts nowhere; once
+    the window holds traffic with the age shifted by two training standard deviations and half the
+    channels never seen, exactly those two features alert, in /monitoring, in Ray's Prometheus
+    export (scraped) and in `rayline serve status`; text has no statistics and is not judged."""
+    import time
+    from urllib.parse import urlparse
+
+    import ray
+
+    from rayline import load_model
+    from rayline.serve import versions
+    from rayline.serve.status import gather_status
+    from rayline.spec import ServeSpec
+
+    route = urlparse(text_run.endpoint).path
+    spec = ServeSpec(route=route, oip=False, resources_per_replica={"cpus": 0.1}, replicas={"min": 1, "max": 1},
+                     monitoring={"window_rows": 400, "min_rows": 200})
+    versions.deploy(text_run.name, text_run.version, ws=ws, serve_spec=spec, port=PORT)
+    frame = pd.read_csv(tickets).drop(columns=["team"])
+    rows = [{"text": t, "channel": c, "account_age_days": int(a)}
+            for t, c, a in zip(frame["text"], frame["channel"], frame["account_age_days"])]
+
+    def send(batch):
+        for i in range(0, len(batch), 25):
+            response = httpx.post(f"{text_run.endpoint}/predict", json={"instances": batch[i:i + 25]}, timeout=60)
+            assert response.status_code == 200, response.text
+
+    send(rows[:400])
+    report = _monitoring(text_run.endpoint, lambda r: r["window_rows"] >= 400)
+    features = {f["feature"]: f for f in report["features"]}
+    assert report["status"] == "ok" and set(features) >= {"channel", "account_age_days"}, report
+    assert "text" not in features
+
+    std = load_model(text_run.name, text_run.version, workspace=str(ws.root)).statistics.features["account_age_days"].std
+    shifted = [{**r, "account_age_days": r["account_age_days"] + 2 * std, "channel": "fax" if i % 2 else r["channel"]}
+               for i, r in enumerate(rows[400:1000])]
+    send(shifted)
+    report = _monitoring(text_run.endpoint, lambda r: r["status"] == "drifting" and r["window_rows"] >= 400
+                         and all(f["level"] != "ok" for f in r["features"] if f["feature"] == "channel"))
+    alerts = {f["feature"] for f in report["features"] if f["level"] == "alert" and f["kind"] != "prediction"}
+    assert alerts == {"channel", "account_age_days"}, report
+    channel = next(f for f in report["features"] if f["feature"] == "channel")
+    assert channel["unseen_share"] >= 0.4 and any("unseen categories" in r for r in channel["reasons"])
+
+    # Ray's Prometheus export: the gauges per feature (exported every few seconds)
+    deadline, psi = time.monotonic() + 40, {}
+    while time.monotonic() < deadline and not {"channel", "account_age_days"} <= {k for k, v in psi.items() if v >= 0.25}:
+        text = "\n".join(httpx.get(f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics", timeout=10).text
+                         for n in ray.nodes() if n.get("Alive"))
+        from prometheus_client.parser import text_string_to_metric_families
+
+        ours = "\n".join(line for line in text.splitlines() if "rayline_drift_psi" in line)
+        psi = {s.labels["feature"]: s.value for fam in text_string_to_metric_families(ours + "\n") for s in fam.samples
+               if s.labels.get("model") == text_run.name and s.labels.get("version") == str(text_run.version)}
+        time.sleep(1)
+    assert psi["channel"] >= 0.25 and psi["account_age_days"] >= 0.25, psi
+
+    # `rayline serve status`: the version's drift line names the two features
+    (app,) = gather_status(text_run.name).applications
+    assert app.monitoring[str(text_run.version)]["status"] == "drifting"
+    done = subprocess.run([sys.executable, "-m", "rayline.cli", "serve", "status", text_run.name, "--address",
+                           ray.get_runtime_context().gcs_address, "-w", str(ws.root)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, "COLUMNS": "250"})
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if "monitoring:" in line)
+    assert "drifting" in line and "channel" in line and "account_age_days" in line and "[alert]" in line

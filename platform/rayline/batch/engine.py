@@ -35,7 +35,8 @@ from typing import Callable
 
 from rayline.batch.local import score_locally
 from rayline.batch.on_ray import score_on_ray
-from rayline.batch.scorer import OUTPUT_SUFFIXES, Source, check_columns, is_ray_error, model_meta, unwrap
+from rayline.batch.scorer import (OUTPUT_SUFFIXES, Source, check_columns, is_ray_error, model_meta, model_statistics,
+                                  unwrap)
 from rayline.client import PREDICTION_COLUMN, probability_column
 from rayline.errors import DataError
 
@@ -53,6 +54,7 @@ class ScoreResult:
     version: str
     columns: list[str] = field(default_factory=list)
     engine: str = "ray"  # where it ran: "ray" or "local" (choose_engine)
+    drift: list | None = None  # rayline.monitoring.FeatureDrift per summarised feature, largest PSI first
 
     @property
     def rows_per_s(self) -> float:
@@ -167,18 +169,20 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
     chosen = choose_engine(engine, fmt, files, schema, _ray_running() or bool(cluster_address(ws, address)))
     from rayline.files import atomic_path
 
+    statistics = model_statistics(registry, mv)
     if chosen == "local":
         with atomic_path(out) as tmp:
-            rows, kept = score_locally(name, mv.version, ws, fmt, files, schema, features, keep, where, out_columns,
-                                        probabilities, tmp, progress, base_of(str(input_path)))
+            rows, kept, counts = score_locally(name, mv.version, ws, fmt, files, schema, features, keep, where,
+                                               out_columns, probabilities, tmp, progress, base_of(str(input_path)))
         return ScoreResult(output=str(out), rows=rows, seconds=time.monotonic() - started, model=name,
-                           version=mv.version, columns=kept + out_columns, engine="local")
+                           version=mv.version, columns=kept + out_columns, engine="local",
+                           drift=_drift(statistics, counts))
     connection = connect(ws, address)
     failure = None
     try:
         with atomic_path(out) as tmp:
-            rows, kept = score_on_ray(name, mv.version, ws, fmt, files, str(input_path), schema, features, keep,
-                                       where, out_columns, probabilities, tmp, progress)
+            rows, kept, counts = score_on_ray(name, mv.version, ws, fmt, files, str(input_path), schema, features,
+                                               keep, where, out_columns, probabilities, tmp, progress, statistics)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt) or not (isinstance(exc, DataError) or is_ray_error(exc)):
             raise
@@ -196,4 +200,13 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
         gc.collect()
         raise failure
     return ScoreResult(output=str(out), rows=rows, seconds=time.monotonic() - started, model=name,
-                       version=mv.version, columns=kept + out_columns)
+                       version=mv.version, columns=kept + out_columns, drift=_drift(statistics, counts))
+
+
+def _drift(statistics: dict | None, counts) -> list | None:
+    """Each summarised feature's drift against the version's training statistics, or None."""
+    if statistics is None or counts is None:
+        return None
+    from rayline.monitoring import TrainingStatistics, drift
+
+    return drift(TrainingStatistics.from_dict(statistics), counts)

@@ -20,16 +20,17 @@ LOCAL_CSV_BLOCK = 16 * 2**20
 
 
 def score_locally(name, version, ws, fmt, files, schema, features, keep, where, out_columns, probabilities,
-                   tmp: Path, progress, image_base: str | None = None) -> tuple[int, list[str]]:
-    """Read, score and write `tmp` in this process: (rows written, input columns kept); image file
-    paths in the input resolve against `image_base`."""
+                   tmp: Path, progress, image_base: str | None = None) -> tuple[int, list[str], object]:
+    """Read, score and write `tmp` in this process: (rows written, input columns kept, drift counts
+    or None: rayline/monitoring); image file paths in the input resolve against `image_base`."""
     kept = check_columns(list(schema.names), features, keep, where, out_columns)
     scorer = Scorer(name, version, ws.location, ws.tracking_uri_override, probabilities, kept, image_base)
     columns = list(dict.fromkeys(kept + features))  # only what is scored or kept is read
     total = parquet_rows(files) if fmt == "parquet" else None
     batches = ReadAhead(_local_batches(fmt, files, columns), LOCAL_READ_AHEAD)
     try:
-        return write_tables((scorer(batch.to_pandas()) for batch in batches), tmp, total, progress), kept
+        rows = write_tables((scorer(batch.to_pandas()) for batch in batches), tmp, total, progress)
+        return rows, kept, scorer.counts
     finally:
         batches.close()
 

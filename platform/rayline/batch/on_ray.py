@@ -41,8 +41,9 @@ def plan_scorers(available_cpus: float, read_cpus: float = 1.0) -> tuple[int, fl
 
 
 def score_on_ray(name, version, ws, fmt, files, input_path, schema, features, keep, where, out_columns,
-                  probabilities, tmp: Path, progress) -> tuple[int, list[str]]:
-    """Read, score on a pool of actors and write `tmp`: (rows written, input columns kept).
+                  probabilities, tmp: Path, progress, statistics: dict | None = None) -> tuple[int, list[str], object]:
+    """Read, score on a pool of actors and write `tmp`: (rows written, input columns kept, drift
+    counts against the version's training `statistics` (a dict: rayline/monitoring), or None).
 
     A function of its own so that its Datasets die with its frame: `score` raises a failure from
     its own frame, which the caller's traceback keeps, and must hold no handle on the scorers."""
@@ -83,10 +84,30 @@ def score_on_ray(name, version, ws, fmt, files, input_path, schema, features, ke
                                    "keep": kept, "image_base": base_of(input_path)})
         total = parquet_rows(files) if fmt == "parquet" else None
         rows = _write(scored, tmp, total, progress, unwrap)
+        counts = _drift_counts(ds, names, statistics) if statistics is not None else None
     finally:
         ctx.execution_options.preserve_order, ctx.use_datasource_v2 = saved_order, saved_v2
         ctx.execution_options.resource_limits = saved_limits
-    return rows, kept
+    return rows, kept, counts
+
+
+def _drift_counts(ds, names: list[str], statistics: dict):
+    """The input's drift counts, from a second read of the summarised feature columns (the
+    scoring actors' own counts cannot leave Ray Data's actor pool): one pickled partial per
+    block, merged here."""
+    import pickle
+
+    from rayline.batch.scorer import CountDrift
+    from rayline.monitoring.drift import FeatureCounts
+
+    columns = [c for c in statistics["features"] if c in names]
+    merged = FeatureCounts()
+    if not columns:
+        return merged
+    partials = ds.select_columns(columns).map_batches(CountDrift(statistics), batch_format="pandas", batch_size=None)
+    for row in partials.iter_rows():
+        merged.merge(pickle.loads(row["counts"]))
+    return merged
 
 
 def _row_group_table(batch) -> "pa.Table":

@@ -10,8 +10,9 @@ from pathlib import Path
 from rayline.client import PREDICTION_COLUMN, probability_column
 from rayline.errors import DataError, RegistryError
 
-__all__ = ["OUTPUT_SUFFIXES", "BATCH_ROWS", "WRITE_ROWS", "Source", "Scorer",
-           "check_columns", "parquet_rows", "unwrap", "is_ray_error", "model_meta", "write_tables"]
+__all__ = ["OUTPUT_SUFFIXES", "BATCH_ROWS", "WRITE_ROWS", "Source", "Scorer", "CountDrift",
+           "check_columns", "parquet_rows", "unwrap", "is_ray_error", "model_meta", "model_statistics",
+           "write_tables"]
 
 OUTPUT_SUFFIXES = (".parquet", ".pq")
 
@@ -32,6 +33,23 @@ class Source:  # what data.sources.read_dataset reads (the spec's data.source sh
     path: str
     name: str | None = None
     labelled: bool = False  # image_folder: images may sit directly in the folder (no class: label null)
+
+
+class CountDrift:
+    """A picklable map_batches callable for the Ray engine: one pandas block of input rows ->
+    one row holding its drift counts (pickled), merged on the driver."""
+
+    def __init__(self, statistics_dict: dict):
+        self.statistics_dict = statistics_dict
+
+    def __call__(self, batch):
+        import pickle
+
+        from rayline.monitoring.drift import FeatureCounts
+        from rayline.monitoring.statistics import TrainingStatistics
+
+        counts = FeatureCounts.of_frame(TrainingStatistics.from_dict(self.statistics_dict), batch)
+        return {"counts": [pickle.dumps(counts)]}
 
 
 class Scorer:
@@ -58,6 +76,11 @@ class Scorer:
         # Image columns may name files, relative to the input's folder (data/image_paths.py).
         self.image_columns = [c for step in prep.steps if step.kind == "image" for c in step.image_columns]
         self.image_base = image_base
+        # Drift against the version's training statistics (rayline/monitoring), counted per batch.
+        from rayline.monitoring.drift import FeatureCounts
+
+        self.statistics = self.predictor.statistics
+        self.counts = FeatureCounts() if self.statistics is not None else None
 
     def __call__(self, batch):
         import numpy as np
@@ -69,6 +92,10 @@ class Scorer:
             raise DataError(f"--input: column(s) {bad} hold missing values and {self.where} imputes none of them "
                             "(allowed: a value in every row of these columns)")
         inputs = batch[self.features]
+        if self.counts is not None:
+            from rayline.monitoring.drift import FeatureCounts
+
+            self.counts.merge(FeatureCounts.of_frame(self.statistics, inputs))
         if self.image_columns and self.image_base is not None:
             inputs = self._read_image_files(inputs)  # the kept columns keep the paths
         x = self.predictor.preprocessing.transform(inputs)  # the compiled transform serving runs
@@ -171,6 +198,18 @@ def model_meta(registry, mv) -> tuple[list[str], str, list]:
     with open(meta) as fh:
         task = json.load(fh)["task"]
     return [f["name"] for f in prep["features"]], task, prep["label"].get("classes") or []
+
+
+def model_statistics(registry, mv) -> dict | None:
+    """A version's training statistics (rayline/monitoring/statistics.py) as a dict, read as JSON
+    from its artifact; None for versions registered before they were kept."""
+    import json
+
+    from rayline.model import artifact_root
+    from rayline.monitoring.statistics import STATISTICS_FILE
+
+    path = Path(artifact_root(registry.download(mv))) / STATISTICS_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def write_tables(tables, tmp: Path, total: int | None, progress) -> int:

@@ -45,6 +45,9 @@ def predict(
                                "Data on the cluster, or on an embedded Ray), or auto: ray when a cluster is configured "
                                "(RAY_ADDRESS or a `rayline cluster up` head) or the input is not local Parquet or CSV, "
                                "else local."),
+    drift_report: Optional[Path] = typer.Option(None, "--drift-report", help="Offline scoring only: also write the "
+                                                "input's drift against the version's training data as a "
+                                                "self-contained HTML page (a panel per feature)."),
 ) -> None:
     """Predictions from a served model (ROUTE or URL), or offline batch scoring of a dataset (NAME).
 
@@ -57,8 +60,14 @@ def predict(
     if online and engine != "auto":
         raise RaylineError(f"--engine: applies to offline scoring of a registered model NAME (got --engine {engine} "
                            f"with {target}; allowed: leave it out when querying a served model)")
+    if online and drift_report is not None:
+        raise RaylineError(f"--drift-report: applies to offline scoring of a registered model NAME (got {target}; "
+                           "allowed: a model NAME with --input and --output)")
+    if drift_report is not None and not drift_report.parent.is_dir():
+        raise RaylineError(f"--drift-report: no such directory {str(drift_report.parent)!r} (got {str(drift_report)!r})")
     if not online:
-        _score_offline(target, json_body, input_file, output, to_file, version, keep, workspace, probabilities, engine)
+        _score_offline(target, json_body, input_file, output, to_file, version, keep, workspace, probabilities, engine,
+                       drift_report)
         return
     from rayline.client import ONLINE_WRITERS, Client, write_predictions
     from rayline.serve.request_rows import load_instances, prediction_rows
@@ -94,7 +103,7 @@ def predict(
 
 
 def _score_offline(name, json_body, input_file, output, to_file, version, keep, workspace, probabilities,
-                   engine="auto") -> None:
+                   engine="auto", drift_report: Path | None = None) -> None:
     """`rayline predict NAME --input DATA --output FILE.parquet`: batch scoring (rayline/batch/)."""
     if json_body is not None or input_file is None or not to_file:
         got = "--json" if json_body is not None else "no --input" if input_file is None else f"--output {output}"
@@ -109,6 +118,39 @@ def _score_offline(name, json_body, input_file, output, to_file, version, keep, 
     where = "in this process" if result.engine == "local" else "on Ray"
     console.print(f"wrote {result.rows:,} rows to {result.output} (model {result.model} v{result.version}, {where}; "
                   f"{result.seconds:.1f} s, {result.rows_per_s:,.0f} rows/s)")
+    if result.drift:
+        _print_drift(result.drift, f"v{result.version}")
+    if drift_report is not None:
+        if result.drift is None:
+            raise RaylineError(f"--drift-report: model {result.model} v{result.version} has no training statistics "
+                               "(registered before rayline kept them; allowed: a version trained since)")
+        from rayline.monitoring.report import render_drift_html
+        from rayline.report import write_html
+
+        page = render_drift_html(result.drift, f"Drift report: {result.model} v{result.version}",
+                                 f"--input {input_file} ({result.rows:,} rows) against the version's train split")
+        console.print(f"wrote the drift report to {write_html(page, drift_report)}")
+
+
+_DRIFT_SHOWN = 10  # features listed; the rest are counted
+
+
+def _print_drift(drifts, version: str) -> None:
+    """The scored data's drift against the version's training statistics, the largest PSI first."""
+    from rayline.monitoring import Thresholds
+
+    t = Thresholds()
+    flagged = [d for d in drifts if d.level != "ok"]
+    table = Table(title=f"drift of --input against {version}'s training data (PSI >= {t.psi_warn:g} warn, "
+                        f">= {t.psi_alert:g} alert)")
+    for column in ("feature", "kind", "PSI", "nulls (train)", "outside range / unseen", "level"):
+        table.add_column(column)
+    for d in drifts[:_DRIFT_SHOWN]:
+        table.add_row(d.name, d.kind, f"{d.psi:.3f}", f"{d.null_share:.1%} ({d.train_null_share:.1%})",
+                      f"{d.outside_share:.1%}", d.level if d.level == "ok" else f"{d.level}: {'; '.join(d.reasons)}")
+    console.print(table)
+    rest = len(drifts) - _DRIFT_SHOWN
+    console.print(f"{len(flagged)} of {len(drifts)} features drifted" + (f" ({rest} more not shown)" if rest > 0 else ""))
 
 
 class _progress_reporter:

@@ -55,8 +55,30 @@ def serve_status(
     for a in report.applications:
         if a.rollout is not None:
             console.print(rollout_line(a.name, a.rollout), soft_wrap=True)
+        for version, drift in a.monitoring.items():
+            console.print(drift_line(a.model or a.name, version, drift), soft_wrap=True)
     if report.metrics_note:
         console.print(styled((report.metrics_note, "yellow")))
+
+
+_DRIFT_NAMED = 3  # the features a status line names, the most drifted first
+
+
+def drift_line(model: str, version: str, report: dict) -> str:
+    """One line per monitored version: its status over the live window and the features that
+    drifted most, with their numbers (rayline/monitoring/live.py)."""
+    line = f"{model} v{version} monitoring: {report['status']} ({report['window_rows']:,} rows in the window"
+    if report["status"] == "collecting":
+        return line + f", judged from {report['min_rows']:,})"
+    flagged = [f for f in report["features"] if f["level"] != "ok"]
+    shown = (flagged or report["features"])[:_DRIFT_NAMED]
+    parts = []
+    for f in shown:
+        share = f.get("unseen_share", f.get("out_of_range_share", 0.0))
+        what = "unseen" if "unseen_share" in f else "out of range"
+        parts.append(f"{f['feature']} PSI {f['psi']:.3f}, nulls {f['null_share']:.1%}, {what} {share:.1%}"
+                     + (f" [{f['level']}]" if f["level"] != "ok" else ""))
+    return line + ("); drifted: " if flagged else "); most drifted: ") + "; ".join(parts)
 
 
 def rollout_line(name: str, rollout: dict) -> str:

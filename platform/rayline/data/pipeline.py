@@ -28,6 +28,7 @@ from rayline.data.values import value_key, value_rank
 from rayline.data.feature_types import image_columns, with_default_steps
 from rayline.data.fingerprint import fingerprint
 from rayline.data.image_paths import ReadImageFiles, base_of, path_columns
+from rayline.monitoring.statistics import TrainingStatistics
 from rayline.data.sources import feature_columns, read_dataset, unwrap_data_error
 from rayline.errors import DataError
 
@@ -62,6 +63,9 @@ class PreparedData:
     phases: dict | None = None  # seconds per phase of the data stage (read, profile, fit, transform, ...)
     cache_key: str | None = None  # its entry in the data cache (data/cache.py), when the run has a cache
     cached: bool = False  # read back from the cache, not computed
+    # The train split's raw features summarised (rayline/monitoring/statistics.py): saved with the
+    # model, the reference that batch scoring and the replicas compare what they see with.
+    statistics: object = None
 
     @property
     def train_streamed(self) -> bool:
@@ -237,11 +241,14 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
                 prepared.append(_from_cache(hits[i], keys[i], data_fingerprint))
                 continue
             fitted = fit_preprocessing(profile.train_stats(), features, label_info, variant.data.preprocess)
+            statistics = TrainingStatistics.of_profile(
+                profile, features, {c for step in fitted.steps if step.kind == "one_hot" for c in step.columns})
             phases.done("fit")
             entry = cache.writer(keys[i]) if keys[i] is not None else None
             with entry or contextlib.nullcontext():
                 prepared.append(_transformed(hashed, split, fitted, test_rows, data_fingerprint, probe_frame,
                                              profile.rows, entry, tick))
+                prepared[-1].statistics = statistics
                 which = f" {len(prepared)}/{len(variants)}" if len(variants) > 1 else ""
                 streamed = " (the train split as read: its images are decoded per batch in training)" \
                     if fitted.streams_train else ""
@@ -251,6 +258,7 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
                     prepared[-1].cache_key = keys[i]
                     entry.link("test_rows", str(shared_test_rows))
                     entry.commit(prepared[-1], {"pipeline": variant.name, "source": source.path or source.name,
+                                                "statistics": statistics.to_dict(),
                                                 "fingerprint": data_fingerprint, "rows": prepared[-1].rows,
                                                 "features": len(fitted.output_columns)})
                     count, size = cache.size()
@@ -315,7 +323,8 @@ def _from_cache(loaded, key: str, data_fingerprint: str) -> PreparedData:
     return PreparedData(
         train=datasets["train"], valid=datasets["valid"], test_rows=datasets["test_rows"],
         preprocessing=fitted, fingerprint=data_fingerprint, rows=dict(meta["rows"]),
-        probe=_probe_dataset(probe_frame, fitted), probe_frame=probe_frame, cache_key=key, cached=True)
+        probe=_probe_dataset(probe_frame, fitted), probe_frame=probe_frame, cache_key=key, cached=True,
+        statistics=TrainingStatistics.from_dict(meta["statistics"]) if meta.get("statistics") else None)
 
 
 def _probe_dataset(probe_frame, fitted):

@@ -311,6 +311,9 @@ class ProfileRequest:
                 elif kind == Text.kind:
                     texts.update((c, params.lowercase) for c in columns if c in features)
         keep = set(features)
+        # Every numeric feature gets a sketch: monitoring's histogram edges are its deciles
+        # (rayline/monitoring/statistics.py), exact from the kept values up to EXACT_VALUES.
+        quantiles.update(numeric)
         return cls(label=label, numeric=numeric, quantiles=sorted(quantiles & keep),
                    counted=sorted(counted & keep), images=sorted(images), texts=sorted(texts), **kw)
 

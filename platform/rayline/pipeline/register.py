@@ -54,8 +54,9 @@ def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Wo
         # where the test rows are: no test split in this process.
         from rayline.offline_metrics import evaluate_rows
 
-        test_metrics = evaluate_rows(artifact, data.test_rows)
+        test_metrics, partials = evaluate_rows(artifact, data.test_rows, with_partials=True)
         _add_test_metrics(artifact, test_metrics)
+        _add_predicted_classes(artifact, partials, data.preprocessing)
         mv = registry.register(
             run_id, spec.name, artifact,
             metrics={**{f"valid_{k}": v for k, v in model_metrics.items()},
@@ -88,7 +89,8 @@ def _artifact(target: str, checkpoint_dir: str, data, spec: PipelineSpec, metric
         checkpoint_dir = download_dir(checkpoint_dir, os.path.join(os.path.dirname(target), "checkpoint"))
     artifact = write_artifact(target, checkpoint_dir=checkpoint_dir, preprocessing=data.preprocessing, spec=spec,
                               metrics=metrics, fingerprint=data.fingerprint,
-                              versions=load_backend(spec.model.framework).versions())
+                              versions=load_backend(spec.model.framework).versions(),
+                              statistics=getattr(data, "statistics", None))
     _check_probe(Predictor(artifact), data)
     return artifact
 
@@ -106,6 +108,23 @@ def _check_probe(predictor, data) -> None:
     problem = check_probe(record, outputs, f"register: model {predictor.name}")
     if problem:
         raise TrainingError(problem)
+
+
+def _add_predicted_classes(artifact: str, partials, preprocessing) -> None:
+    """The held-out split's predicted classes into the training statistics: the reference that the
+    replicas' prediction drift compares answers with (rayline/monitoring). Read off the test
+    metrics' confusion matrix (its column sums): no other pass."""
+    from rayline.monitoring.statistics import STATISTICS_FILE, TrainingStatistics
+
+    path = os.path.join(artifact, STATISTICS_FILE)
+    confusion = getattr(partials, "confusion", None)
+    if not os.path.isfile(path) or confusion is None or not confusion.sum():
+        return
+    statistics = TrainingStatistics.load(path)
+    classes = preprocessing.label.classes or []
+    statistics.predictions = {"labels": [c.item() if hasattr(c, "item") else c for c in classes],
+                              "counts": confusion.sum(axis=0).astype(int).tolist()}
+    statistics.save(path)
 
 
 def _add_test_metrics(artifact: str, test_metrics: dict) -> None:

@@ -17,7 +17,7 @@ from rayline.errors import RaylineError
 from rayline.report import figures as figs
 from rayline.report.sweep import Sweep
 
-__all__ = ["render_html", "write_html", "FIGURE_IDS"]
+__all__ = ["render_html", "write_html", "page_html", "figure_html", "table_html", "escape", "FIGURE_IDS"]
 
 # The figures a report can hold, in page order.
 FIGURE_IDS = ("curves", "parallel", "effects", "decisions", "families")
@@ -56,8 +56,11 @@ _BOOT = """
 """
 
 
-def _e(value) -> str:
+def escape(value) -> str:
     return html.escape(str(value), quote=True)
+
+
+_e = escape
 
 
 def _num(value, digits: int = 4) -> str:
@@ -66,7 +69,7 @@ def _num(value, digits: int = 4) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else _e(value)
 
 
-def _table(header: list[str], rows: list[list], cls: str = "", row_classes: list[str] | None = None,
+def table_html(header: list[str], rows: list[list], cls: str = "", row_classes: list[str] | None = None,
            numeric: set[int] = frozenset()) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = []
@@ -78,7 +81,7 @@ def _table(header: list[str], rows: list[list], cls: str = "", row_classes: list
     return f"<table{cls_attr}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def _figure(fig_id: str, fig) -> str:
+def figure_html(fig_id: str, fig) -> str:
     # "<", ">" and "&" escaped inside the JSON strings, so no parameter value or trial id can
     # close the <script> element (JSON allows \\u003c for "<").
     data = fig.to_json().replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
@@ -106,8 +109,6 @@ def _events_text(events: list) -> str:
 
 def render_html(sweep: Sweep) -> tuple[str, list[str]]:
     """(the page, the ids of the figures it draws)."""
-    from plotly.offline import get_plotlyjs
-
     winner = sweep.winner
     drawn: list[str] = []
     sections: list[str] = []
@@ -123,7 +124,7 @@ def render_html(sweep: Sweep) -> tuple[str, list[str]]:
         ["trials", _e(f"{len(sweep.trials)} (" + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")")],
         ["registered", _e(f"model {sweep.name} version {sweep.version}" if sweep.version else "no registered version")],
     ]
-    sections.append('<section id="overview">' + _table(["", ""], overview) + "</section>")
+    sections.append('<section id="overview">' + table_html(["", ""], overview) + "</section>")
 
     # The winner and its test metrics (the pipeline run's test_* metrics: the registered model
     # evaluated on the held-out test split).
@@ -136,11 +137,11 @@ def render_html(sweep: Sweep) -> tuple[str, list[str]]:
                      f"{_e(sweep.metric)} {_num(best)} after {_e(winner.units if winner.units is not None else '-')} units"
                      + (f"; family {_e(winner.family)}" if winner.family else "") + ".</p>")
         if winner.params:
-            parts.append(_table(["parameter", "value"], [[_e(p), _e(figs.value_text(v))] for p, v in winner.params.items()],
+            parts.append(table_html(["parameter", "value"], [[_e(p), _e(figs.value_text(v))] for p, v in winner.params.items()],
                                 cls="winner-params"))
         metrics = sorted(set(sweep.test_metrics) | set(sweep.valid_metrics))
         if metrics:
-            parts.append(_table(["metric", "validation (best epoch)", "test"],
+            parts.append(table_html(["metric", "validation (best epoch)", "test"],
                                 [[_e(m) + (" *" if m == sweep.metric else ""), _num(sweep.valid_metrics.get(m)),
                                   _num(sweep.test_metrics.get(m))] for m in metrics],
                                 cls="test-metrics", numeric={1, 2}))
@@ -154,7 +155,7 @@ def render_html(sweep: Sweep) -> tuple[str, list[str]]:
         if fig is None:
             body.append(_note(missing))
         else:
-            body.append(_figure(fig_id, fig))
+            body.append(figure_html(fig_id, fig))
             drawn.append(fig_id)
         sections.append("".join(body) + extra + "</section>")
 
@@ -180,7 +181,7 @@ def render_html(sweep: Sweep) -> tuple[str, list[str]]:
         "stopped by the time budget, failed), and the scheduler's decisions about it, such as PBT exploits.",
         "This run did not record the scheduler's decisions (it was logged by a rayline version before "
         "rayline.stop_reason and rayline.trial_events): the table below shows what is known.",
-        _table(["trial", "status", "stop reason", "units trained", f"best {sweep.metric}", "scheduler decisions"],
+        table_html(["trial", "status", "stop reason", "units trained", f"best {sweep.metric}", "scheduler decisions"],
                rows, cls="decisions", row_classes=classes, numeric={3, 4}))
 
     board = figs.family_leaderboard(sweep)
@@ -188,7 +189,7 @@ def render_html(sweep: Sweep) -> tuple[str, list[str]]:
         add("families", "Model families", figs.families_figure(sweep),
             f"The best trial of each model family (H2O-AutoML-style leaderboard), by best validation {_e(sweep.metric)}.",
             f"No family's trial reported {_e(sweep.metric)}.",
-            _table(["family", "trials", "best trial", f"best {sweep.metric}"],
+            table_html(["family", "trials", "best trial", f"best {sweep.metric}"],
                    [[_e(r["family"]), _e(r["trials"]), _e(r["best_trial"] or "-"), _num(r["best"])] for r in board],
                    cls="families", numeric={1, 3}))
     else:
@@ -200,12 +201,20 @@ def render_html(sweep: Sweep) -> tuple[str, list[str]]:
     rows = [[_e(t.trial_id), _e(t.family or "-"), _num(t.best(sweep.mode)), _e(t.stop_reason or t.status),
              *[_e(figs.value_text(t.params.get(p))) for p in params]] for t in figs._ordered(sweep)]
     sections.append('<section id="trials"><h2>All trials</h2>'
-                    + _table(["trial", "family", f"best {sweep.metric}", "ended", *params], rows, cls="trials",
+                    + table_html(["trial", "family", f"best {sweep.metric}", "ended", *params], rows, cls="trials",
                              row_classes=["winner" if t is winner else "" for t in figs._ordered(sweep)], numeric={2})
                     + "</section>")
 
     title = f"Sweep report: {sweep.name} ({sweep.run_id[:8]})"
-    page = (
+    return page_html(title, sections), drawn
+
+
+def page_html(title: str, sections: list[str]) -> str:
+    """A whole self-contained page: `sections` (HTML) under `title`, plotly.js inlined, and the
+    script that draws every figure `figure_html` placed (rayline report, the drift report)."""
+    from plotly.offline import get_plotlyjs
+
+    return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         f"<meta name=\"generator\" content=\"rayline report\">\n<title>{_e(title)}</title>\n<style>{_CSS}</style>\n"
         # plotly.js inline: its text holds no "</script" (checked by the tests).
@@ -213,7 +222,6 @@ def render_html(sweep: Sweep) -> tuple[str, list[str]]:
         + "\n".join(sections)
         + f"\n<script>{_BOOT}</script>\n</body>\n</html>\n"
     )
-    return page, drawn
 
 
 def write_html(text: str, path: str | os.PathLike) -> Path:

@@ -44,9 +44,11 @@ AsyncInfer = Callable[[np.ndarray, bool], Awaitable[np.ndarray]]
 
 def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_000, *,
                    infer: Optional[AsyncInfer] = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                   request_timeout_s: Optional[float] = None, on_rows: Callable[[int], None] = observe_rows) -> FastAPI:
+                   request_timeout_s: Optional[float] = None, on_rows: Callable[[int], None] = observe_rows,
+                   monitor=None) -> FastAPI:
     """`infer`: awaitable model call (the replica passes its batcher); default: the model directly.
-    `on_rows`: called with the rows of each answered prediction (the version's metrics)."""
+    `on_rows`: called with the rows of each answered prediction (the version's metrics).
+    `monitor`: the version's LiveMonitor (rayline/monitoring/live.py), or None when it is off."""
     name = predictor.name
     app = FastAPI(
         title=f"rayline model {name}",
@@ -130,6 +132,8 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
                                        "retry later, or send fewer instances per request")
         # A plain JSONResponse: FastAPI's response_model validation would re-check every prediction.
         on_rows(len(x))
+        if monitor is not None:  # one queue append: the counting happens off the request path
+            monitor.observe(rows if matrix is None else None, matrix, outputs)
         answer = {**result, "model": name, "version": version}
         box = request.scope.get(ANSWER_BOX)
         if box is not None:  # an in-process caller takes the dict: no JSON body to write and parse back
@@ -140,6 +144,16 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
     @app.get("/health")
     def health():
         return {"status": "ok", "model": name, "version": version}
+
+    @app.get("/monitoring", responses={404: {"description": "Monitoring is off for this version"}})
+    def monitoring():
+        """Drift of this version's live traffic against its training statistics, over the window
+        all its replicas share (serve.monitoring): per feature PSI, nulls, unseen or out-of-range."""
+        if monitor is None:
+            why = ("serve.monitoring is false" if predictor.statistics is not None else
+                   "the version has no training statistics (registered before rayline kept them)")
+            return error_response(404, f"monitoring is off for {name} v{version}: {why}")
+        return monitor.report()
 
     @app.get("/metadata")
     def metadata():

@@ -39,7 +39,7 @@ __all__ = [
     "observe_rows",
 ]
 
-ENDPOINTS = ("predict", "health", "metadata", "docs", "openapi.json")
+ENDPOINTS = ("predict", "health", "metadata", "monitoring", "docs", "openapi.json")
 # From well under the ~1 ms a tiny model costs up to the per-request timeout range.
 LATENCY_BOUNDARIES_S = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]
 BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384]
@@ -50,6 +50,12 @@ METRIC_NAMES = {
     "rows": "rayline_rows_predicted",
     "batch": "rayline_batch_size",
     "info": "rayline_model_info",
+    # rayline/monitoring/live.py: drift of the live window against the training statistics
+    "drift_psi": "rayline_drift_psi",
+    "drift_nulls": "rayline_drift_null_share",
+    "drift_outside": "rayline_drift_outside_share",
+    "drift_alerts": "rayline_drift_alerts",
+    "drift_window": "rayline_drift_window_rows",
 }
 
 

@@ -48,12 +48,12 @@ from typing import Optional
 from ray import serve
 
 from rayline.serve.asgi_call import HANDED_INSTANCES
+from rayline.serve.kv_namespace import KV_NAMESPACE  # re-exported: routing_table, applications, export
 
 __all__ = ["RoutingTable", "Router", "build_router", "oip_app", "oip_route", "routing_key", "gate_key", "ack_prefix", "version_settings_key",
            "record_version_settings", "KV_NAMESPACE", "VERSION_HEADER", "POLL_S", "ACK_EVERY_S", "evaluate_gate",
            "canary_share_to_champion"]
 
-KV_NAMESPACE = "rayline"
 VERSION_HEADER = b"x-rayline-version"
 POLL_S = 0.25  # how soon every replica follows a new split: one KV read (~0.3 ms) per replica per poll
 LATENCY_WINDOW = 10_000  # canary latencies kept for the p99 (most recent)

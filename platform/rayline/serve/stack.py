@@ -23,15 +23,18 @@ class VersionStack:
     in-process hand-over (`handed`), the FastAPI app inside, the version's metrics (per-version
     counters in this process) and its predictor."""
 
-    __slots__ = ("app", "handed", "http_app", "metrics", "predictor", "version")
+    __slots__ = ("app", "handed", "http_app", "metrics", "predictor", "version", "monitor")
 
-    def __init__(self, app, handed, http_app, metrics, predictor, version: str):
+    def __init__(self, app, handed, http_app, metrics, predictor, version: str, monitor=None):
         self.app, self.handed, self.http_app = app, handed, http_app
-        self.metrics, self.predictor, self.version = metrics, predictor, version
+        self.metrics, self.predictor, self.version, self.monitor = metrics, predictor, version, monitor
 
     def close(self) -> None:
-        """The version left this replica: its model-info series stops saying it is live here."""
+        """The version left this replica: its model-info series stops saying it is live here, and
+        its monitoring stops."""
         self.metrics.close()
+        if self.monitor is not None:
+            self.monitor.close()
 
 
 def _make_infer(predictor, batching, metrics, delay_s: float):
@@ -64,10 +67,11 @@ def build_stack(predictor, version: str, settings, api_keys: Optional[list], *, 
     from rayline.serve.metrics import MetricsMiddleware, ModelMetrics
 
     metrics = ModelMetrics(predictor.name, version)
+    monitor = _make_monitor(predictor, version, settings.monitoring)
     http_app = build_http_app(predictor, version, settings.max_instances,
                               infer=_make_infer(predictor, settings.batching, metrics, delay_s),
                               max_body_bytes=settings.max_body_bytes, request_timeout_s=settings.request_timeout_s,
-                              on_rows=metrics.observe_rows)
+                              on_rows=metrics.observe_rows, monitor=monitor)
     if slots is None:
         slots = AdmissionSlots(settings.max_ongoing_requests, settings.max_queued_requests, settings.retry_after_s)
 
@@ -79,4 +83,21 @@ def build_stack(predictor, version: str, settings, api_keys: Optional[list], *, 
 
     # `handed`: POST /predict only, for rows decoded in this process (the V2 route), behind the same
     # slots, keys and metrics as `app`.
-    return VersionStack(guarded(http_app), guarded(http_app.state.predict_handed), http_app, metrics, predictor, version)
+    return VersionStack(guarded(http_app), guarded(http_app.state.predict_handed), http_app, metrics, predictor, version,
+                        monitor)
+
+
+def _make_monitor(predictor, version: str, spec):
+    """The version's LiveMonitor (rayline/monitoring/live.py), or None: serve.monitoring false, or
+    a version registered before training statistics were kept."""
+    if not spec.enabled or predictor.statistics is None:
+        return None
+    from rayline.monitoring.live import LiveMonitor
+
+    import ray
+
+    classes = len(predictor.preprocessing.label.classes or []) if predictor.task == "classification" else None
+    # In a replica the window is shared through Ray's KV store; elsewhere (an app under plain
+    # uvicorn, tests) it stays in this process.
+    return LiveMonitor(predictor.statistics, spec, predictor.name, version,
+                       [f.name for f in predictor.preprocessing.features], classes, kv=ray.is_initialized())

@@ -55,6 +55,8 @@ class AppStatus:
     requests_by_code: dict[str, int] = field(default_factory=dict)
     rows_predicted: Optional[int] = None
     rollout: Optional[dict] = None  # a routed model's split, canary gate and gate rollback (rayline/serve/versions.py)
+    # version -> its drift report as its replicas last judged it (rayline/monitoring/live.py)
+    monitoring: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -165,6 +167,13 @@ def gather_status(name: Optional[str] = None, *, with_metrics: bool = True, ws=N
             status.model = status.model or app_name
             if status.rollout:
                 status.versions = sorted(status.rollout.get("weights") or {}, key=int)
+        if status.model:
+            from rayline.monitoring.live import latest_report
+
+            for version in status.versions:
+                report = latest_report(status.model, version)
+                if report is not None:
+                    status.monitoring[version] = report
         out.append(status)
     return ServeStatusReport(out, note)
 

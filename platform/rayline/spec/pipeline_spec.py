@@ -18,7 +18,7 @@ from rayline.frameworks import BACKENDS
 from rayline.spec.common import CLASSIFICATION_METRICS, REGRESSION_METRICS, SKLEARN_DATASETS, Strict, metric_mode
 from rayline.spec.data_spec import DataSpec, PREPROCESS_KINDS, PreprocessStep, SourceSpec, SplitSpec
 from rayline.spec.problems import SpecProblem, problem
-from rayline.spec.serve_spec import AuthSpec, BatchingSpec, ReplicasSpec, ResourcesSpec, ServeSpec
+from rayline.spec.serve_spec import AuthSpec, BatchingSpec, MonitoringSpec, ReplicasSpec, ResourcesSpec, ServeSpec
 from rayline.spec.space import check_space
 from rayline.spec.train_spec import ModelSpec, OptimizerSpec, TrainSpec, WorkersRange, ray_accelerator_types
 from rayline.spec.tune_spec import TuneSpec
@@ -39,6 +39,7 @@ __all__ = [
     "ReplicasSpec",
     "ResourcesSpec",
     "BatchingSpec",
+    "MonitoringSpec",
     "AuthSpec",
     "PreprocessStep",
     "PREPROCESS_KINDS",

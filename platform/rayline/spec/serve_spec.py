@@ -12,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from rayline.spec.common import Strict
 from rayline.spec.problems import problem
 
-__all__ = ["ReplicasSpec", "ResourcesSpec", "BatchingSpec", "CanarySpec", "AuthSpec", "ServeSpec"]
+__all__ = ["ReplicasSpec", "ResourcesSpec", "BatchingSpec", "CanarySpec", "AuthSpec", "MonitoringSpec", "ServeSpec"]
 
 
 class ReplicasSpec(Strict):
@@ -75,6 +75,48 @@ class CanarySpec(Strict):
         return {"max_error_rate": self.max_error_rate, "max_p99_ms": self.max_p99_ms, "min_requests": self.min_requests}
 
 
+class MonitoringSpec(Strict):
+    """Each replica compares what it receives and answers with the version's training statistics
+    over a sliding window (rayline/monitoring): drift per feature as metrics, in `serve status`
+    and at GET {route}/monitoring."""
+
+    enabled: bool = Field(True, description="false: no counting, no drift metrics, /monitoring answers 404.")
+    window_rows: int = Field(10_000, ge=100, le=10_000_000, description="Rows of the sliding window drift is judged "
+                                                                        "over (the most recent, all replicas together).")
+    min_rows: int = Field(500, ge=1, description="Rows the window needs before drift is judged (status: collecting).")
+    psi_warn: float = Field(0.1, gt=0, description="Population stability index from which a feature is flagged warn.")
+    psi_alert: float = Field(0.25, gt=0, description="... and alert: the version's status becomes drifting.")
+    max_null_share: Optional[float] = Field(
+        None, ge=0, le=1, description="Share of missing values above which a feature alerts; default: its share in "
+                                      "training plus 0.05.")
+    max_unseen_share: float = Field(0.05, ge=0, le=1, description="Share of categories never seen in training above "
+                                                                 "which a categorical feature alerts.")
+    max_out_of_range_share: float = Field(0.05, ge=0, le=1, description="Share of values outside the training range "
+                                                                       "above which a numeric feature alerts.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flag(cls, v):
+        # `monitoring: false` / `monitoring: true` as a shorthand.
+        return {"enabled": v} if isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _levels(self):
+        if self.psi_warn >= self.psi_alert:
+            raise problem("psi_warn", "must be below psi_alert", got=f"{self.psi_warn:g} >= {self.psi_alert:g}",
+                          allowed=f"< {self.psi_alert:g}")
+        if self.min_rows > self.window_rows:
+            raise problem("min_rows", "more than the window holds", got=f"{self.min_rows} > {self.window_rows}",
+                          allowed=f"<= window_rows ({self.window_rows})")
+        return self
+
+    def thresholds(self):
+        from rayline.monitoring.drift import Thresholds
+
+        return Thresholds(psi_warn=self.psi_warn, psi_alert=self.psi_alert, max_null_share=self.max_null_share,
+                          max_unseen_share=self.max_unseen_share, max_out_of_range_share=self.max_out_of_range_share)
+
+
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -121,6 +163,8 @@ class ServeSpec(Strict):
     oip: bool = Field(True, description="Serve the Open Inference Protocol (KServe V2) for this model at /v2/models/<name> from replicas of its own that hold the model, as the route's do (one hop, like /predict); false: /v2 still answers through the shared rayline-v2 application, one hop more, and saves a replica.")
     drain_timeout_s: float = Field(20.0, ge=0, description="When a replica stops (SIGTERM of `rayline run`, a scale-down, a redeploy): how long its in-flight requests may take to finish. Keep it below the pod's terminationGracePeriodSeconds (Kubernetes' default 30 s).")
     auth: Optional[AuthSpec] = Field(None, description="API keys required on every route but GET /health.")
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Drift of live traffic against "
+                                       "the training statistics, per feature (`monitoring: false` turns it off).")
     canary: Optional[CanarySpec] = Field(
         None, description="`rayline run` deploys the winner as a canary (percent of traffic, rollback limits) instead of the new champion.")
 
