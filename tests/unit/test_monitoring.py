@@ -61,11 +61,12 @@ def test_beyond_the_exact_limit_the_histogram_comes_from_the_sketch():
     frame = pd.DataFrame({"x": x, "k": 0, "city": "a", "y": 0})
     stats = _statistics(frame).features["x"]
     exact = np.quantile(x, np.arange(1, BINS) / BINS)
-    # KLL's normalized rank error is ~0.14%: each edge sits within 0.5% of rank of the true decile
+    # The sketch sees 1 row in 16 (9,375 here): a decile's rank has a standard deviation of about
+    # 2 / sqrt(n) = 0.5%, plus KLL's 0.14%; each edge sits within 2% of rank of the true decile
     ranks = np.searchsorted(np.sort(x), stats.edges) / n
-    np.testing.assert_allclose(ranks, np.arange(1, BINS) / BINS, atol=0.005)
+    np.testing.assert_allclose(ranks, np.arange(1, BINS) / BINS, atol=0.02)
     assert sum(stats.counts) == pytest.approx(n)
-    np.testing.assert_allclose(np.asarray(stats.counts) / n, 0.1, atol=0.01)
+    np.testing.assert_allclose(np.asarray(stats.counts) / n, 0.1, atol=0.02)
     assert len(stats.edges) == len(exact)
 
 

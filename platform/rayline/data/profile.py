@@ -32,13 +32,14 @@ from rayline.data.split import HASH_COLUMN, SPLITS, TEST, TRAIN, VALID, Threshol
 from rayline.errors import DataError
 
 __all__ = ["ColumnStats", "TrainStats", "Profile", "ProfileRequest", "profile_frame", "profile_dataset", "image_key", "words_key",
-           "EXACT_VALUES", "SKETCH_K", "MAX_CATEGORIES", "MAX_LABEL_VALUES"]
+           "EXACT_VALUES", "SKETCH_K", "MAX_CATEGORIES", "MAX_LABEL_VALUES", "MONITOR_SAMPLE"]
 
 EXACT_VALUES = 100_000  # per column: up to this many present values, medians are exact
 SKETCH_K = 2048  # KLL accuracy parameter: normalized rank error ~0.14% (DataSketches' table)
 MAX_CATEGORIES = 10_000  # distinct values kept per counted column; more is an error where counts are used
 MAX_LABEL_VALUES = 10_000  # distinct label values kept: more can only be a regression label
 _GRID = 8192  # quantiles read off a sketch to combine it with imputed values
+MONITOR_SAMPLE = 16  # monitoring's sketch sees one train row in this many (beyond the exact values)
 
 
 def _plain(value):
@@ -78,6 +79,8 @@ class ColumnStats:
         self.max: float | None = None
         self.values: list[np.ndarray] | None = []  # exact present values while small, else None
         self.sketch: bytes | None = None  # serialized KLL sketch of the raw present values
+        # ... of a 1/MONITOR_SAMPLE sample of them (monitoring's histogram edges; no median reads it)
+        self.sampled: bytes | None = None
         self.counts: dict | None = None  # value -> count, when asked for
         self.too_many = False  # more than MAX_CATEGORIES distinct values
         # What the steps did since the raw values were summarised: x -> scale * x + shift,
@@ -105,6 +108,16 @@ class ColumnStats:
             s.sketch = kll.serialize()
         return s
 
+    def sample_sketch(self, sample: np.ndarray) -> None:
+        """Sketch `sample` (some of this block's values) into `sampled`."""
+        present = sample[~np.isnan(sample)]
+        if len(present):
+            from datasketches import kll_doubles_sketch
+
+            kll = kll_doubles_sketch(SKETCH_K)
+            kll.update(present)
+            self.sampled = kll.serialize()
+
     def merge(self, other: "ColumnStats") -> "ColumnStats":
         """Chan et al.'s parallel update of count, mean and squared deviations; values, sketches and counts joined."""
         n = self.n + other.n
@@ -130,6 +143,15 @@ class ColumnStats:
                 kll = kll_doubles_sketch.deserialize(self.sketch)
                 kll.merge(kll_doubles_sketch.deserialize(other.sketch))
                 self.sketch = kll.serialize()
+        if other.sampled is not None:
+            if self.sampled is None:
+                self.sampled = other.sampled
+            else:
+                from datasketches import kll_doubles_sketch
+
+                kll = kll_doubles_sketch.deserialize(self.sampled)
+                kll.merge(kll_doubles_sketch.deserialize(other.sampled))
+                self.sampled = kll.serialize()
         if other.too_many or self.too_many:
             self.counts, self.too_many = None, True
         elif other.counts is not None:
@@ -311,9 +333,6 @@ class ProfileRequest:
                 elif kind == Text.kind:
                     texts.update((c, params.lowercase) for c in columns if c in features)
         keep = set(features)
-        # Every numeric feature gets a sketch: monitoring's histogram edges are its deciles
-        # (rayline/monitoring/statistics.py), exact from the kept values up to EXACT_VALUES.
-        quantiles.update(numeric)
         return cls(label=label, numeric=numeric, quantiles=sorted(quantiles & keep),
                    counted=sorted(counted & keep), images=sorted(images), texts=sorted(texts), **kw)
 
@@ -384,9 +403,18 @@ class BlockProfile:
             out.label_nulls = int(column.isna().sum())
             values, too_many = _distinct(column, MAX_LABEL_VALUES)
             out.label_values = None if too_many else values
+        # Monitoring's histogram edges (rayline/monitoring/statistics.py) beyond the exact values:
+        # a sketch of a fixed 1/MONITOR_SAMPLE of the train rows, picked by their split hash (the
+        # same rows on every run, uniform over blocks). A sketch of every value cost 5x the moments.
+        sample = None
         for col in req.numeric:
             x = train[col].to_numpy(dtype=np.float64, na_value=np.nan)
-            out.train[col] = ColumnStats.of_numbers(x, keep_values=True, sketch=col in req.quantiles)
+            stats = out.train[col] = ColumnStats.of_numbers(x, keep_values=True, sketch=col in req.quantiles)
+            if col not in req.quantiles and len(x) > MONITOR_SAMPLE:
+                if sample is None:
+                    sample = _monitor_sample(hashes, thresholds.mask(hashes, TRAIN) if hashes is not None else None,
+                                             len(x))
+                stats.sample_sketch(x[sample])
         for col in req.counted:
             stats = out.train.get(col)
             if stats is None:
@@ -404,6 +432,15 @@ class BlockProfile:
             for col, lowercase in req.texts:
                 out.words[words_key(col, lowercase)] = word_counts(train[col], lowercase, col)
         return out
+
+
+def _monitor_sample(hashes, train_mask, rows: int) -> np.ndarray:
+    """Which train rows of a block feed the monitoring sketch: those whose hash, scrambled, falls
+    in the first 1/MONITOR_SAMPLE of the range (every MONITOR_SAMPLE-th row without hashes)."""
+    if hashes is None:
+        return np.arange(rows) % MONITOR_SAMPLE == 0
+    scrambled = hashes[train_mask].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return scrambled < np.uint64(2**64 // MONITOR_SAMPLE)
 
 
 def words_key(col: str, lowercase: bool) -> str:
