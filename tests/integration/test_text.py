@@ -195,7 +195,11 @@ def test_live_traffic_is_monitored_against_the_training_statistics(text_run, ws,
     from rayline.serve.status import gather_status
     from rayline.spec import ServeSpec
 
+    from rayline.serve.applications import delete_apps, serve_apps
+
     route = urlparse(text_run.endpoint).path
+    # A running version keeps its settings: its applications go first, then come back with a small window.
+    delete_apps([app for app in serve_apps() if app == text_run.name or app.startswith(f"{text_run.name}-")])
     spec = ServeSpec(route=route, oip=False, resources_per_replica={"cpus": 0.1}, replicas={"min": 1, "max": 1},
                      monitoring={"window_rows": 400, "min_rows": 200})
     versions.deploy(text_run.name, text_run.version, ws=ws, serve_spec=spec, port=PORT)
@@ -223,7 +227,8 @@ def test_live_traffic_is_monitored_against_the_training_statistics(text_run, ws,
     alerts = {f["feature"] for f in report["features"] if f["level"] == "alert" and f["kind"] != "prediction"}
     assert alerts == {"channel", "account_age_days"}, report
     channel = next(f for f in report["features"] if f["feature"] == "channel")
-    assert channel["unseen_share"] >= 0.4 and any("unseen categories" in r for r in channel["reasons"])
+    # half the shifted rows (the window may still merge a just-stopped replica's entry: at least 0.3)
+    assert channel["unseen_share"] >= 0.3 and any("unseen categories" in r for r in channel["reasons"])
 
     # Ray's Prometheus export: the gauges per feature (exported every few seconds)
     deadline, psi = time.monotonic() + 40, {}

@@ -55,6 +55,13 @@ class ModelServer:
         self.http_app = self.stack.app
         return self.stack.app
 
+    def __del__(self):
+        # Serve calls __del__ as the replica stops: the version's monitoring entry of this replica
+        # leaves the shared window now rather than going stale in 30 s (rayline/monitoring/live.py).
+        stack = getattr(self, "stack", None)
+        if stack is not None and stack.monitor is not None:
+            stack.monitor.close()
+
     async def call_http(self, method: str, path: str, headers: list | None = None, body: bytes = b"",
                         query: bytes = b""):
         """The replica's own HTTP API, called through a deployment handle (the traffic router, the

@@ -329,6 +329,11 @@ class Router:
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()
+        # Serve calls __del__ as the replica stops: its monitoring entries leave the shared window now
+        # rather than going stale in 30 s (rayline/monitoring/live.py).
+        for stack in list(getattr(self, "stacks", {}).values()):
+            if stack.monitor is not None:
+                stack.monitor.close()
 
     # ---------------------------------------------------------------- the gate
 
