@@ -38,15 +38,12 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     predictor = rayline.load_model(args.model, workspace=args.workspace)
-    monitor = None
-    if not args.no_monitoring and predictor.statistics is not None:
-        # The replica's monitor with the default spec; its window stays in this process (no Ray's KV).
-        from rayline.monitoring.live import LiveMonitor
-        from rayline.spec import MonitoringSpec
+    from rayline.monitoring.live import monitor_predictor
+    from rayline.spec import MonitoringSpec
 
-        classes = len(predictor.preprocessing.label.classes or []) if predictor.task == "classification" else None
-        monitor = LiveMonitor(predictor.statistics, MonitoringSpec(), predictor.name, str(predictor.version),
-                              [f.name for f in predictor.preprocessing.features], classes, kv=False)
+    # The replica's monitor with the default spec; its window stays in this process (no Ray's KV).
+    monitor = monitor_predictor(predictor, str(predictor.version), MonitoringSpec(enabled=not args.no_monitoring),
+                                kv=False)
     app = build_http_app(predictor, str(predictor.version), monitor=monitor)
     uvicorn.run(app, host=args.host, port=args.port, workers=1, log_level="warning", access_log=False)
 

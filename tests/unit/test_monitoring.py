@@ -146,28 +146,48 @@ def _spec(**kw):
     return MonitoringSpec(window_rows=kw.pop("window_rows", 600), min_rows=kw.pop("min_rows", 200), **kw)
 
 
-def test_the_monitor_counts_answered_rows_off_the_request_path_and_judges_the_window():
+def _served(frame):
+    """A fitted preprocessing (one_hot city, the numbers as they are), as a replica holds it."""
+    from rayline.data.preprocess import LabelInfo, fit_preprocessing
+
+    features = [FeatureInfo("x", "number"), FeatureInfo("k", "integer"), FeatureInfo("city", "string")]
+    steps = DataSpec.model_validate({"source": {"format": "csv", "path": "u.csv"}, "label": "y",
+                                     "preprocess": [{"impute": {"columns": ["x"]}},
+                                                    {"one_hot": {"columns": ["city"]}}]}).preprocess
+    return fit_preprocessing(frame, features, LabelInfo("y", "classification", [0, 1]), steps)
+
+
+def test_the_monitor_counts_requests_off_the_request_path_and_judges_the_window():
+    """Request rows go through the compiled preprocessing, which hands the monitor their raw columns
+    (a copy: the steps then work in place); the thread's round counts them into the window."""
     from rayline.monitoring.live import LiveMonitor
 
-    stats = _statistics(_frame())
+    frame = _frame()
+    stats = _statistics(frame)
     stats.predictions = {"labels": [0, 1], "counts": [500, 500]}
-    monitor = LiveMonitor(stats, _spec(), "t", "1", ["x", "k", "city"], classes=2, kv=False)
+    fitted = _served(frame)
+    monitor = LiveMonitor(stats, _spec(), "t", "1", ["x", "k", "city"], classes=2, kv=False).attach(fitted.compiled)
     try:
         assert monitor.report()["status"] == "collecting"
         rows = _frame(400, seed=11)[["x", "k", "city"]].to_dict("records")
-        outputs = np.tile([[0.2, 0.8], [0.7, 0.3]], (200, 1))  # half each class, as in training
+        outputs = np.tile([[0.2, 0.8], [0.7, 0.3]], (2, 1))  # half each class, as in training
         for i in range(0, 400, 4):
-            monitor.observe(rows[i:i + 4], None, outputs[i:i + 4])
+            encoded = fitted.encode_records(rows[i:i + 4])
+            monitor.observe_outputs(outputs)
+        assert encoded.shape == (4, 2 + 3)  # the steps still ran: x, k and city's 3 categories
+        assert monitor.window.total.rows == 0  # nothing counted on the request path
         monitor.update()
         report = monitor.report()
         assert report["status"] == "ok" and report["window_rows"] == 400, report
+        whole = FeatureCounts.of_frame(stats, pd.DataFrame(rows))
+        assert all((monitor.window.total.features[k] == whole.features[k]).all() for k in whole.features)
         assert {f["feature"] for f in report["features"]} == {"x", "k", "city", "(prediction)"}
         # the window slides onto shifted traffic: x + 2 sd, a city never seen, every answer class 1
         shifted = _frame(800, seed=12)
         shifted["x"] += 4.0
         shifted.loc[:399, "city"] = "zurich"
-        matrix_rows = shifted[["x", "k", "city"]]
-        monitor.observe(matrix_rows.to_dict("records"), None, np.tile([[0.1, 0.9]], (800, 1)))
+        fitted.encode_records(shifted[["x", "k", "city"]].to_dict("records"))
+        monitor.observe_outputs(np.tile([[0.1, 0.9]], (800, 1)))
         monitor.update()
         report = monitor.report()
         levels = {f["feature"]: f["level"] for f in report["features"]}
@@ -180,18 +200,22 @@ def test_the_monitor_counts_answered_rows_off_the_request_path_and_judges_the_wi
 
 
 def test_a_v2_matrix_is_counted_like_rows():
+    from rayline.data.preprocess import LabelInfo, fit_preprocessing
     from rayline.monitoring.live import LiveMonitor
 
-    frame = _frame()
-    stats = _statistics(frame.drop(columns=["city"]).assign(city="a"))
-    monitor = LiveMonitor(stats, _spec(min_rows=1), "t", "1", ["x", "k"], classes=None, kv=False)
+    frame = _frame().drop(columns=["city"]).dropna()
+    features = [FeatureInfo("x", "number"), FeatureInfo("k", "integer")]
+    fitted = fit_preprocessing(frame, features, LabelInfo("y", "classification", [0, 1]), [])
+    stats = _statistics(frame.assign(city="a"))
+    monitor = LiveMonitor(stats, _spec(min_rows=1), "t", "1", ["x", "k"], classes=None, kv=False).attach(fitted.compiled)
     try:
-        rows = _frame(300, seed=4)[["x", "k"]]
-        monitor.observe(None, rows.to_numpy(dtype=np.float32), None)
+        rows = _frame(300, seed=4)[["x", "k"]].dropna()
+        fitted.encode_matrix(rows.to_numpy(dtype=np.float64))
         monitor.update()
-        by_rows = FeatureCounts.of_frame(stats, rows.astype(np.float32))
-        assert monitor.window.total.rows == 300
+        by_rows = FeatureCounts.of_frame(stats, rows)
+        assert monitor.window.total.rows == len(rows)
         assert (monitor.window.total.features["x"] == by_rows.features["x"]).all()
+        assert (monitor.window.total.features["k"] == by_rows.features["k"]).all()
     finally:
         monitor.close()
 

@@ -252,6 +252,9 @@ class CompiledTransform:
         self._getter = itemgetter(*self.layout.numeric) if len(self.layout.numeric) > 1 else None
         self.positions = {f.name: i for i, f in enumerate(features)}  # a feature's place in an array row
         self._arrays_are_numeric = self.layout.numeric == [f.name for f in features]
+        # Called with each request batch's raw columns before any step runs (serving's drift
+        # monitor, rayline/monitoring/live.py); never for training or batch-scoring frames.
+        self.tap: Callable[[Batch], None] | None = None
 
     # ------------------------------------------------------------ inputs
 
@@ -337,7 +340,10 @@ class CompiledTransform:
     def transform_records(self, rows: list) -> np.ndarray:
         """Request rows: objects {feature: value}, or arrays of values in feature order."""
         arrays = bool(rows) and isinstance(rows[0], (list, tuple))
-        return self.matrix(self.run(self.batch_from_arrays(rows) if arrays else self.batch_from_records(rows)))
+        batch = self.batch_from_arrays(rows) if arrays else self.batch_from_records(rows)
+        if self.tap is not None:
+            self.tap(batch)
+        return self.matrix(self.run(batch))
 
     @property
     def takes_matrix(self) -> bool:
@@ -350,7 +356,10 @@ class CompiledTransform:
         (row, feature) -> the value sent, echoed in an error."""
         if not self._arrays_are_numeric or num.ndim != 2 or num.shape[1] != len(self.positions):
             raise ValueError(f"a ({len(self.positions)} features) matrix of a numbers-only model expected, got shape {num.shape}")
-        return self.matrix(self.run(Batch(num, {}, lambda i: f"instances[{i}].", raw=value)))
+        batch = Batch(num, {}, lambda i: f"instances[{i}].", raw=value)
+        if self.tap is not None:
+            self.tap(batch)
+        return self.matrix(self.run(batch))
 
     def transform_frame(self, frame) -> np.ndarray:
         return self.matrix(self.run(self.batch_from_frame(frame)))

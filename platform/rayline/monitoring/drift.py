@@ -81,29 +81,33 @@ class FeatureCounts:
 
     @classmethod
     def of_frame(cls, statistics: TrainingStatistics, frame) -> "FeatureCounts":
+        """Counts of a pandas frame's rows (batch scoring)."""
         import pandas as pd
 
-        from rayline.data.values import value_key
-
-        out = cls(rows=len(frame))
+        numeric, categorical = {}, {}
         for name, stats in statistics.features.items():
-            if name not in frame.columns:
-                continue
-            column = frame[name]
-            if stats.kind == "numeric":
-                x = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-                present = x[~np.isnan(x)]
-                bins = np.bincount(np.searchsorted(np.asarray(stats.edges), present, side="right"),
-                                   minlength=len(stats.edges) + 1) if stats.counts else np.zeros(1)
-                outside = int(((present < stats.min) | (present > stats.max)).sum()) if stats.min is not None else 0
-                out.features[name] = np.concatenate([[len(x), len(x) - len(present), outside], bins]).astype(np.int64)
-            else:
-                index = {key: i for i, key in enumerate(stats.categories)}
-                nulls = int(column.isna().sum())
-                counts = np.zeros(len(stats.categories) + 1, np.int64)  # the last: unseen categories
-                for value, n in column.dropna().value_counts(sort=False).items():
-                    counts[index.get(value_key(value), len(stats.categories))] += int(n)
-                out.features[name] = np.concatenate([[len(column), nulls, counts[-1]], counts]).astype(np.int64)
+            if name in frame.columns:
+                if stats.kind == "numeric":
+                    numeric[name] = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64,
+                                                                                          na_value=np.nan)
+                else:
+                    categorical[name] = frame[name]
+        return cls.of_columns(statistics, len(frame), numeric, categorical)
+
+    @classmethod
+    def of_columns(cls, statistics: TrainingStatistics, rows: int, numeric: dict, categorical: dict) -> "FeatureCounts":
+        """Counts of `rows` rows given as columns: {name: float array, NaN missing} and {name: raw
+        values (a pandas column or an object array, None/NaN missing)}."""
+        out = cls(rows=rows)
+        for name, x in numeric.items():
+            stats = statistics.features[name]
+            present = x[~np.isnan(x)]
+            bins = np.bincount(np.searchsorted(np.asarray(stats.edges), present, side="right"),
+                               minlength=len(stats.edges) + 1) if stats.counts else np.zeros(1)
+            outside = int(((present < stats.min) | (present > stats.max)).sum()) if stats.min is not None else 0
+            out.features[name] = np.concatenate([[len(x), len(x) - len(present), outside], bins]).astype(np.int64)
+        for name, column in categorical.items():
+            out.features[name] = _category_counts(statistics.features[name], column)
         return out
 
     def merge(self, other: "FeatureCounts") -> "FeatureCounts":
@@ -114,6 +118,21 @@ class FeatureCounts:
             self.predictions = (other.predictions.copy() if self.predictions is None
                                 else self.predictions + other.predictions)
         return self
+
+
+def _category_counts(stats, column) -> np.ndarray:
+    """[rows, nulls, unseen, count per training category..., unseen] of one categorical column."""
+    import pandas as pd
+
+    from rayline.data.values import value_key
+
+    index = {key: i for i, key in enumerate(stats.categories)}
+    column = column if isinstance(column, pd.Series) else pd.Series(column, dtype=object)
+    nulls = int(column.isna().sum())
+    counts = np.zeros(len(stats.categories) + 1, np.int64)  # the last: unseen categories
+    for value, n in column.dropna().value_counts(sort=False).items():
+        counts[index.get(value_key(value), len(stats.categories))] += int(n)
+    return np.concatenate([[len(column), nulls, counts[-1]], counts]).astype(np.int64)
 
 
 @dataclass

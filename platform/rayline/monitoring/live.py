@@ -1,8 +1,9 @@
 """Live monitoring on a serving replica: what a version receives and answers, against its
 training statistics, over a sliding window shared by all its replicas.
 
-On the request path a replica only appends the answered rows (or the V2 matrix) and the model's
-outputs to a queue: one deque append, no counting. A daemon thread drains the queue every
+On the request path a replica only copies the summarised raw columns of each request batch (the
+compiled preprocessing's input, before any step: data/compiled.py's `tap`) and the model's outputs
+into a queue: a few microseconds, no counting. A daemon thread drains the queue every
 UPDATE_S, counts the rows vectorised (monitoring/drift.py's FeatureCounts: whole batches through
 numpy and pandas), and keeps this replica's most recent rows as chunks. Every PUBLISH_S it
 writes its window's counts to Ray's KV store under the version's prefix; the version's window is
@@ -32,7 +33,7 @@ from rayline.monitoring.drift import FeatureCounts, drift
 from rayline.monitoring.statistics import TrainingStatistics
 
 __all__ = ["UPDATE_S", "PUBLISH_S", "STALE_S", "KV_PREFIX", "SlidingWindow", "LiveMonitor", "gather_window",
-           "latest_report", "version_report"]
+           "latest_report", "version_report", "monitor_predictor"]
 
 UPDATE_S = 0.5  # how often queued answers are counted
 PUBLISH_S = 2.0  # how often a replica writes its window to the KV store (also a heartbeat)
@@ -56,7 +57,7 @@ class SlidingWindow:
         self.total = FeatureCounts()
 
     def add(self, counts: FeatureCounts) -> None:
-        if not counts.rows:
+        if not counts.rows and counts.predictions is None:
             return
         self.chunks.append(counts)
         self.total.merge(counts)
@@ -77,7 +78,9 @@ class LiveMonitor:
         self.thresholds = spec.thresholds()
         self.window = SlidingWindow(spec.window_rows)
         self.seen = 0  # rows this replica answered since it started
-        self._queue: deque = deque()
+        self._queue: deque = deque()  # (rows, numeric columns, categorical columns) per request batch
+        self._outputs: deque = deque()  # the model's outputs per answered request
+        self._numeric, self._numeric_index, self._categorical = [], np.zeros(0, np.intp), []
         self._kv = kv
         self._replica = _replica_id()
         self._status = "collecting"
@@ -89,9 +92,27 @@ class LiveMonitor:
 
     # ------------------------------------------------------------ the request path
 
-    def observe(self, rows, matrix, outputs) -> None:
-        """An answered request: its rows (dicts) or V2 matrix, and the model's outputs. O(1)."""
-        self._queue.append((rows, matrix, outputs))
+    def attach(self, compiled) -> "LiveMonitor":
+        """Tap the version's compiled preprocessing (data/compiled.py): every request batch's raw
+        columns, before any step runs, come to `observe_inputs`."""
+        layout = compiled.layout
+        self._numeric = [(name, layout.numeric.index(name)) for name in self.columns if name in layout.numeric]
+        self._numeric_index = np.array([j for _, j in self._numeric], dtype=np.intp)
+        self._categorical = [name for name in self.columns if name in layout.categorical]
+        compiled.tap = self.observe_inputs
+        return self
+
+    def observe_inputs(self, batch) -> None:
+        """A request's raw columns: the summarised ones copied (the steps then work in place) and
+        queued. A few microseconds; counting happens on the thread."""
+        num = batch.num[:, self._numeric_index] if len(self._numeric_index) else None  # fancy indexing: a copy
+        cat = {name: np.array(batch.cat[name], dtype=object) for name in self._categorical}
+        self._queue.append((len(batch), num, cat))
+
+    def observe_outputs(self, outputs) -> None:
+        """The model's outputs for an answered request (its predicted classes are counted)."""
+        if self.classes:
+            self._outputs.append(outputs)
 
     # ------------------------------------------------------------ the thread
 
@@ -108,25 +129,29 @@ class LiveMonitor:
                 log.exception("rayline: monitoring of %s v%s failed this round", self.model, self.version)
 
     def update(self) -> None:
-        """Count what was queued since the last round into this replica's window."""
-        import pandas as pd
-
-        frames, outputs = [], []
+        """Count what was queued since the last round into this replica's window: one numpy pass
+        per summarised column over every request of the round."""
+        rows, nums, cats = 0, [], {name: [] for name in self._categorical}
         while self._queue:
-            rows, matrix, out = self._queue.popleft()
-            if matrix is not None:
-                frames.append(pd.DataFrame(np.asarray(matrix), columns=self.feature_names)[self.columns])
-            elif rows:
-                frames.append(pd.DataFrame.from_records(rows, columns=self.columns))
-            if out is not None and self.classes:
-                outputs.append(np.asarray(out).reshape(len(out), -1).argmax(axis=1))
-        if not frames:
+            n, num, cat = self._queue.popleft()
+            rows += n
+            if num is not None:
+                nums.append(num)
+            for name, values in cat.items():
+                cats[name].append(values)
+        predicted = []
+        while self._outputs:
+            out = np.asarray(self._outputs.popleft())
+            predicted.append(out.reshape(len(out), -1).argmax(axis=1))
+        if not rows and not predicted:
             return
-        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        counts = FeatureCounts.of_frame(self.statistics, frame)
-        if outputs:
-            counts.add_predictions(np.concatenate(outputs), self.classes)
-        self.seen += counts.rows
+        stacked = np.concatenate(nums) if nums else None
+        numeric = {name: stacked[:, i] for i, (name, _) in enumerate(self._numeric)} if stacked is not None else {}
+        categorical = {name: np.concatenate(parts) for name, parts in cats.items() if parts}
+        counts = FeatureCounts.of_columns(self.statistics, rows, numeric, categorical)
+        if predicted:
+            counts.add_predictions(np.concatenate(predicted), self.classes)
+        self.seen += rows
         self.window.add(counts)
         if not self._kv:
             self._judge(self.window.total)
@@ -184,6 +209,17 @@ class LiveMonitor:
                 _internal_kv_del(_key_prefix(self.model, self.version) + self._replica.encode(), namespace=KV_NAMESPACE)
             except Exception:  # noqa: BLE001 - Ray shutting down: the entry goes stale and is left out
                 pass
+
+
+def monitor_predictor(predictor, version: str, spec, kv: bool):
+    """The LiveMonitor of a served version, attached to its preprocessing; None when
+    `serve.monitoring` is off or the version has no training statistics."""
+    if not spec.enabled or predictor.statistics is None:
+        return None
+    classes = len(predictor.preprocessing.label.classes or []) if predictor.task == "classification" else None
+    monitor = LiveMonitor(predictor.statistics, spec, predictor.name, version,
+                          [f.name for f in predictor.preprocessing.features], classes, kv=kv)
+    return monitor.attach(predictor.preprocessing.compiled)
 
 
 def _report_key(model: str, version: str) -> bytes:

@@ -132,8 +132,8 @@ def build_http_app(predictor: Predictor, version: str, max_instances: int = 10_0
                                        "retry later, or send fewer instances per request")
         # A plain JSONResponse: FastAPI's response_model validation would re-check every prediction.
         on_rows(len(x))
-        if monitor is not None:  # one queue append: the counting happens off the request path
-            monitor.observe(rows if matrix is None else None, matrix, outputs)
+        if monitor is not None:  # a queue append (the inputs were queued as they were encoded)
+            monitor.observe_outputs(outputs)
         answer = {**result, "model": name, "version": version}
         box = request.scope.get(ANSWER_BOX)
         if box is not None:  # an in-process caller takes the dict: no JSON body to write and parse back

@@ -90,14 +90,10 @@ def build_stack(predictor, version: str, settings, api_keys: Optional[list], *, 
 def _make_monitor(predictor, version: str, spec):
     """The version's LiveMonitor (rayline/monitoring/live.py), or None: serve.monitoring false, or
     a version registered before training statistics were kept."""
-    if not spec.enabled or predictor.statistics is None:
-        return None
-    from rayline.monitoring.live import LiveMonitor
-
     import ray
 
-    classes = len(predictor.preprocessing.label.classes or []) if predictor.task == "classification" else None
+    from rayline.monitoring.live import monitor_predictor
+
     # In a replica the window is shared through Ray's KV store; elsewhere (an app under plain
     # uvicorn, tests) it stays in this process.
-    return LiveMonitor(predictor.statistics, spec, predictor.name, version,
-                       [f.name for f in predictor.preprocessing.features], classes, kv=ray.is_initialized())
+    return monitor_predictor(predictor, version, spec, kv=ray.is_initialized())
