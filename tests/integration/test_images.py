@@ -287,14 +287,14 @@ def test_the_tensorflow_cnn_trains_on_the_streamed_split_and_registers(ray_sessi
     from rayline.spec import apply_overrides, load_spec
 
     path = ROOT / "pipelines" / "digits-images-cnn.yaml"
-    spec = apply_overrides(load_spec(path), {"data.source.path": str(folder), "train.workers": 1, "train.epochs": 4,
+    spec = apply_overrides(load_spec(path), {"data.source.path": str(folder), "train.workers": 1, "train.epochs": 3,
                                              "model.framework": "tensorflow", "name": "digits-images-tf"})
     summary = run(spec, ws, spec_path=str(path), deploy=False)
     assert any("decoded per batch in training" in e[2] for e in summary.events if e[:2] == ("data", "progress"))
-    assert summary.test_metrics["accuracy"] >= 0.7, summary.test_metrics
+    assert summary.test_metrics["accuracy"] >= 0.6, summary.test_metrics
     files, labels = _files(folder, 50)
     import pandas as pd
 
     model = load_model(summary.name, summary.version, workspace=str(ws.root))
     predictions = model.predict(pd.DataFrame({"image": [f.read_bytes() for f in files]}))["predictions"]
-    assert np.mean(np.asarray(predictions).astype(str) == np.asarray(labels)) >= 0.6
+    assert np.mean(np.asarray(predictions).astype(str) == np.asarray(labels)) >= 0.5

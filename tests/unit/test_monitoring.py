@@ -235,3 +235,18 @@ def test_the_monitoring_spec_names_bad_settings(raw, message):
         parse_spec(spec)
     assert message in str(caught.value)
     assert parse_spec({**spec, "serve": {"monitoring": False}}).serve.monitoring.enabled is False
+
+
+def test_serve_status_prints_one_line_per_monitored_version():
+    from rayline.cli.serve import drift_line
+    from rayline.monitoring.live import version_report
+
+    stats = _statistics(_frame())
+    shifted = _frame(1000, seed=3)
+    shifted["x"] += 4.0
+    report = version_report(stats, FeatureCounts.of_frame(stats, shifted), _spec(), "t", "2")
+    line = drift_line("t", "2", report)
+    assert line.startswith("t v2 monitoring: drifting (1,000 rows in the window); drifted: x PSI ")
+    assert "[alert]" in line and "out of range" in line
+    assert drift_line("t", "2", version_report(stats, FeatureCounts(), _spec(), "t", "2")) == \
+        "t v2 monitoring: collecting (0 rows in the window, judged from 200)"
