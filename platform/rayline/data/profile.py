@@ -55,6 +55,17 @@ def _distinct(series: pd.Series, cap: int) -> tuple[dict, bool]:
     return {_plain(k): int(v) for k, v in zip(counts.index, counts.to_numpy())}, False
 
 
+def _merge_sketches(a: bytes | None, b: bytes | None) -> bytes | None:
+    """Two serialized KLL sketches as one (either may be None)."""
+    if a is None or b is None:
+        return a if b is None else b
+    from datasketches import kll_doubles_sketch
+
+    kll = kll_doubles_sketch.deserialize(a)
+    kll.merge(kll_doubles_sketch.deserialize(b))
+    return kll.serialize()
+
+
 def _merge_counts(a: dict, b: dict) -> dict:
     # Keys by type and value: 1, 1.0 and True stay apart here, as they were read (value_key
     # decides later which of them name the same category).
@@ -134,24 +145,8 @@ class ColumnStats:
             self.values = None
         else:
             self.values = self.values + other.values
-        if other.sketch is not None:
-            if self.sketch is None:
-                self.sketch = other.sketch
-            else:
-                from datasketches import kll_doubles_sketch
-
-                kll = kll_doubles_sketch.deserialize(self.sketch)
-                kll.merge(kll_doubles_sketch.deserialize(other.sketch))
-                self.sketch = kll.serialize()
-        if other.sampled is not None:
-            if self.sampled is None:
-                self.sampled = other.sampled
-            else:
-                from datasketches import kll_doubles_sketch
-
-                kll = kll_doubles_sketch.deserialize(self.sampled)
-                kll.merge(kll_doubles_sketch.deserialize(other.sampled))
-                self.sampled = kll.serialize()
+        self.sketch = _merge_sketches(self.sketch, other.sketch)
+        self.sampled = _merge_sketches(self.sampled, other.sampled)
         if other.too_many or self.too_many:
             self.counts, self.too_many = None, True
         elif other.counts is not None:

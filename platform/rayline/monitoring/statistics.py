@@ -28,8 +28,17 @@ BINS = 10
 STATISTICS_FILE = "statistics.json"
 
 
+class _Nulls:
+    count: int
+    nulls: int
+
+    @property
+    def null_share(self) -> float:
+        return self.nulls / max(self.count + self.nulls, 1)
+
+
 @dataclass
-class NumericStats:
+class NumericStats(_Nulls):
     count: int  # present values
     nulls: int
     mean: float | None
@@ -41,23 +50,15 @@ class NumericStats:
 
     kind = "numeric"
 
-    @property
-    def null_share(self) -> float:
-        return self.nulls / max(self.count + self.nulls, 1)
-
 
 @dataclass
-class CategoricalStats:
+class CategoricalStats(_Nulls):
     count: int
     nulls: int
     categories: list = field(default_factory=list)  # the one_hot step's keys, in its order
     counts: list[int] = field(default_factory=list)
 
     kind = "categorical"
-
-    @property
-    def null_share(self) -> float:
-        return self.nulls / max(self.count + self.nulls, 1)
 
 
 @dataclass
