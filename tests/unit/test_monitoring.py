@@ -140,6 +140,20 @@ def test_the_window_slides_by_whole_chunks_and_keeps_the_most_recent_rows():
     assert all((window.total.features[k] == expected.features[k]).all() for k in expected.features)
 
 
+def test_a_time_window_leaves_out_chunks_older_than_its_seconds():
+    from rayline.monitoring.live import SlidingWindow
+
+    stats = _statistics(_frame())
+    window = SlidingWindow(max_rows=10_000, max_seconds=900)
+    for minute, seed in ((0, 1), (10, 2), (20, 3)):
+        window.add(FeatureCounts.of_frame(stats, _frame(100, seed=seed)), now=minute * 60.0)
+    window.expire(now=20 * 60.0)  # the last 15 minutes: the chunk of minute 0 goes
+    assert window.total.rows == 200 and [t for t, _ in window.chunks] == [600.0, 1200.0]
+    window.expire(now=60 * 60.0)  # a quiet hour later: nothing is judged
+    assert window.total.rows == 0 and not window.chunks
+    assert all((c == 0).all() for c in window.total.features.values())
+
+
 def _spec(**kw):
     from rayline.spec import MonitoringSpec
 

@@ -49,20 +49,29 @@ def _key_prefix(model: str, version: str) -> bytes:
 
 class SlidingWindow:
     """The most recent rows' counts as chunks: adding a chunk drops the oldest ones while the rest
-    still hold `max_rows` rows (so the window holds between max_rows and max_rows plus one chunk)."""
+    still hold `max_rows` rows (so the window holds between max_rows and max_rows plus one chunk),
+    and, with `max_seconds`, any chunk older than that (`expire`, each round: a quiet endpoint's
+    window empties rather than judging yesterday's traffic)."""
 
-    def __init__(self, max_rows: int):
-        self.max_rows = max_rows
-        self.chunks: deque = deque()
+    def __init__(self, max_rows: int, max_seconds: float | None = None):
+        self.max_rows, self.max_seconds = max_rows, max_seconds
+        self.chunks: deque = deque()  # (monotonic time added, counts)
         self.total = FeatureCounts()
 
-    def add(self, counts: FeatureCounts) -> None:
+    def add(self, counts: FeatureCounts, now: float | None = None) -> None:
         if not counts.rows and counts.predictions is None:
             return
-        self.chunks.append(counts)
+        self.chunks.append((time.monotonic() if now is None else now, counts))
         self.total.merge(counts)
-        while len(self.chunks) > 1 and self.total.rows - self.chunks[0].rows >= self.max_rows:
-            self.total.subtract(self.chunks.popleft())
+        while len(self.chunks) > 1 and self.total.rows - self.chunks[0][1].rows >= self.max_rows:
+            self.total.subtract(self.chunks.popleft()[1])
+
+    def expire(self, now: float | None = None) -> None:
+        if self.max_seconds is None:
+            return
+        now = time.monotonic() if now is None else now
+        while self.chunks and now - self.chunks[0][0] > self.max_seconds:
+            self.total.subtract(self.chunks.popleft()[1])
 
 
 class LiveMonitor:
@@ -76,7 +85,7 @@ class LiveMonitor:
         self.columns = [c for c in statistics.features if c in set(feature_names)]
         self.classes = classes if statistics.predictions is not None else None
         self.thresholds = spec.thresholds()
-        self.window = SlidingWindow(spec.window_rows)
+        self.window = SlidingWindow(spec.window_rows, spec.window_seconds)
         self.seen = 0  # rows this replica answered since it started
         self._queue: deque = deque()  # (rows, numeric columns, categorical columns) per request batch
         self._outputs: deque = deque()  # the model's outputs per answered request
@@ -131,6 +140,7 @@ class LiveMonitor:
     def update(self) -> None:
         """Count what was queued since the last round into this replica's window: one numpy pass
         per summarised column over every request of the round."""
+        self.window.expire()
         rows, nums, cats = 0, [], {name: [] for name in self._categorical}
         while self._queue:
             n, num, cat = self._queue.popleft()

@@ -83,6 +83,9 @@ class MonitoringSpec(Strict):
     enabled: bool = Field(True, description="false: no counting, no drift metrics, /monitoring answers 404.")
     window_rows: int = Field(10_000, ge=100, le=10_000_000, description="Rows of the sliding window drift is judged "
                                                                         "over (the most recent, all replicas together).")
+    window_seconds: Optional[float] = Field(
+        None, gt=0, description="Also leave out rows older than this (e.g. 900: the last 15 minutes); default: the "
+                                "window is the most recent window_rows rows however old.")
     min_rows: int = Field(500, ge=1, description="Rows the window needs before drift is judged (status: collecting).")
     psi_warn: float = Field(0.1, gt=0, description="Population stability index from which a feature is flagged warn.")
     psi_alert: float = Field(0.25, gt=0, description="... and alert: the version's status becomes drifting.")
