@@ -24,7 +24,8 @@ def score_locally(name, version, ws, fmt, files, schema, features, keep, where, 
     """Read, score and write `tmp` in this process: (rows written, input columns kept, drift counts
     or None: rayline/monitoring); image file paths in the input resolve against `image_base`."""
     kept = check_columns(list(schema.names), features, keep, where, out_columns)
-    scorer = Scorer(name, version, ws.location, ws.tracking_uri_override, probabilities, kept, image_base)
+    scorer = Scorer(name, version, ws.location, ws.tracking_uri_override, probabilities, kept, image_base,
+                    count_drift=True)
     columns = list(dict.fromkeys(kept + features))  # only what is scored or kept is read
     total = parquet_rows(files) if fmt == "parquet" else None
     batches = ReadAhead(_local_batches(fmt, files, columns), LOCAL_READ_AHEAD)

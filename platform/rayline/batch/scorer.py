@@ -56,7 +56,7 @@ class Scorer:
     """One per Ray Data actor: loads the model once, scores pandas batches with numpy."""
 
     def __init__(self, name: str, version: str, workspace: str, tracking_uri: str | None, probabilities: bool,
-                 keep: list[str], image_base: str | None = None):
+                 keep: list[str], image_base: str | None = None, count_drift: bool = False):
         import numpy as np
         import pyarrow as pa
 
@@ -76,11 +76,13 @@ class Scorer:
         # Image columns may name files, relative to the input's folder (data/image_paths.py).
         self.image_columns = [c for step in prep.steps if step.kind == "image" for c in step.image_columns]
         self.image_base = image_base
-        # Drift against the version's training statistics (rayline/monitoring), counted per batch.
+        # Drift against the version's training statistics (rayline/monitoring), counted per batch
+        # where the counts can be read back: in this process (the local engine). Ray's scoring
+        # actors cannot hand them back; that engine counts in a pass of its own (CountDrift).
         from rayline.monitoring.drift import FeatureCounts
 
         self.statistics = self.predictor.statistics
-        self.counts = FeatureCounts() if self.statistics is not None else None
+        self.counts = FeatureCounts() if count_drift and self.statistics is not None else None
 
     def __call__(self, batch):
         import numpy as np

@@ -381,13 +381,15 @@ class BlockProfile:
     def __call__(self, batch: pd.DataFrame) -> Profile:
         req, out = self.request, Profile()
         hashes = batch[HASH_COLUMN].to_numpy(dtype=np.uint64) if HASH_COLUMN in batch.columns else None
+        train_hashes = None
         if hashes is None:  # a dataset that is all train rows (fit_preprocessing on a plain Dataset)
             out.rows[TRAIN] = len(batch)
             train = batch
         else:
             thresholds = Thresholds(req.valid, req.test)
             out.rows = thresholds.counts(hashes)
-            train = batch[thresholds.mask(hashes, TRAIN)]
+            in_train = thresholds.mask(hashes, TRAIN)
+            train, train_hashes = batch[in_train], hashes[in_train]
             if req.probe_rows:
                 mask = thresholds.mask(hashes, req.probe_split)
                 candidates = batch[mask]
@@ -407,8 +409,7 @@ class BlockProfile:
             stats = out.train[col] = ColumnStats.of_numbers(x, keep_values=True, sketch=col in req.quantiles)
             if col not in req.quantiles and len(x) > MONITOR_SAMPLE:
                 if sample is None:
-                    sample = _monitor_sample(hashes, thresholds.mask(hashes, TRAIN) if hashes is not None else None,
-                                             len(x))
+                    sample = _monitor_sample(train_hashes, len(x))
                 stats.sample_sketch(x[sample])
         for col in req.counted:
             stats = out.train.get(col)
@@ -429,12 +430,12 @@ class BlockProfile:
         return out
 
 
-def _monitor_sample(hashes, train_mask, rows: int) -> np.ndarray:
+def _monitor_sample(train_hashes, rows: int) -> np.ndarray:
     """Which train rows of a block feed the monitoring sketch: those whose hash, scrambled, falls
     in the first 1/MONITOR_SAMPLE of the range (every MONITOR_SAMPLE-th row without hashes)."""
-    if hashes is None:
+    if train_hashes is None:
         return np.arange(rows) % MONITOR_SAMPLE == 0
-    scrambled = hashes[train_mask].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    scrambled = train_hashes.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     return scrambled < np.uint64(2**64 // MONITOR_SAMPLE)
 
 

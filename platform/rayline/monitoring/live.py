@@ -31,6 +31,7 @@ import numpy as np
 
 from rayline.monitoring.drift import FeatureCounts, drift
 from rayline.monitoring.statistics import TrainingStatistics
+from rayline.serve.kv_namespace import KV_NAMESPACE
 
 __all__ = ["UPDATE_S", "PUBLISH_S", "STALE_S", "KV_PREFIX", "SlidingWindow", "LiveMonitor", "gather_window",
            "latest_report", "version_report", "monitor_predictor"]
@@ -81,10 +82,8 @@ class LiveMonitor:
                  classes: int | None, kv: bool = True):
         self.statistics, self.spec = statistics, spec
         self.model, self.version = model, str(version)
-        self.feature_names = list(feature_names)
         self.columns = [c for c in statistics.features if c in set(feature_names)]
         self.classes = classes if statistics.predictions is not None else None
-        self.thresholds = spec.thresholds()
         self.window = SlidingWindow(spec.window_rows, spec.window_seconds)
         self.seen = 0  # rows this replica answered since it started
         self._queue: deque = deque()  # (rows, numeric columns, categorical columns) per request batch
@@ -93,7 +92,6 @@ class LiveMonitor:
         self._kv = kv
         self._replica = _replica_id()
         self._status = "collecting"
-        self._report: dict = self._empty_report()
         self._gauges = _Gauges(model, self.version) if kv else None
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"rayline-monitor-{model}-{version}", daemon=True)
@@ -169,8 +167,6 @@ class LiveMonitor:
     def _publish(self) -> None:
         from ray.experimental.internal_kv import _internal_kv_put
 
-        from rayline.serve.kv_namespace import KV_NAMESPACE
-
         entry = {"time": time.time(), "seen": self.seen, "window": self.window.total.to_dict()}
         _internal_kv_put(_key_prefix(self.model, self.version) + self._replica.encode(), json.dumps(entry).encode(),
                          overwrite=True, namespace=KV_NAMESPACE)
@@ -178,11 +174,8 @@ class LiveMonitor:
     def _judge(self, counts: FeatureCounts) -> None:
         report = version_report(self.statistics, counts, self.spec, self.model, self.version)
         before, self._status = self._status, report["status"]
-        self._report = report
         if self._kv:  # for `rayline serve status`, which has no training statistics at hand
             from ray.experimental.internal_kv import _internal_kv_put
-
-            from rayline.serve.kv_namespace import KV_NAMESPACE
 
             _internal_kv_put(_report_key(self.model, self.version), json.dumps({**report, "time": time.time()}).encode(),
                              overwrite=True, namespace=KV_NAMESPACE)
@@ -202,9 +195,6 @@ class LiveMonitor:
         counts = gather_window(self.model, self.version) if self._kv else self.window.total
         return version_report(self.statistics, counts, self.spec, self.model, self.version)
 
-    def _empty_report(self) -> dict:
-        return version_report(self.statistics, FeatureCounts(), self.spec, self.model, self.version)
-
     def close(self) -> None:
         """The version left this replica: stop counting, withdraw its entry and zero its gauges."""
         self._closed.set()
@@ -213,8 +203,6 @@ class LiveMonitor:
         if self._kv:
             try:
                 from ray.experimental.internal_kv import _internal_kv_del
-
-                from rayline.serve.kv_namespace import KV_NAMESPACE
 
                 _internal_kv_del(_key_prefix(self.model, self.version) + self._replica.encode(), namespace=KV_NAMESPACE)
             except Exception:  # noqa: BLE001 - Ray shutting down: the entry goes stale and is left out
@@ -240,8 +228,6 @@ def latest_report(model: str, version: str) -> dict | None:
     """The version's drift report as its replicas last judged it (within STALE_S), or None."""
     from ray.experimental.internal_kv import _internal_kv_get
 
-    from rayline.serve.kv_namespace import KV_NAMESPACE
-
     raw = _internal_kv_get(_report_key(model, version), namespace=KV_NAMESPACE)
     if raw is None:
         return None
@@ -252,8 +238,6 @@ def latest_report(model: str, version: str) -> dict | None:
 def gather_window(model: str, version: str) -> FeatureCounts:
     """The version's window: every replica's fresh entry in the KV store, merged."""
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
-
-    from rayline.serve.kv_namespace import KV_NAMESPACE
 
     merged, now = FeatureCounts(), time.time()
     for key in _internal_kv_list(_key_prefix(model, version), namespace=KV_NAMESPACE):

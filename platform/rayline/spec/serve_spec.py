@@ -9,6 +9,7 @@ from typing import Optional
 
 from pydantic import Field, field_validator, model_validator
 
+from rayline.monitoring.drift import Thresholds
 from rayline.spec.common import Strict
 from rayline.spec.problems import problem
 
@@ -75,6 +76,9 @@ class CanarySpec(Strict):
         return {"max_error_rate": self.max_error_rate, "max_p99_ms": self.max_p99_ms, "min_requests": self.min_requests}
 
 
+_THRESHOLDS = Thresholds()  # the drift limits' defaults, one place for batch scoring and the spec
+
+
 class MonitoringSpec(Strict):
     """Each replica compares what it receives and answers with the version's training statistics
     over a sliding window (rayline/monitoring): drift per feature as metrics, in `serve status`
@@ -87,14 +91,14 @@ class MonitoringSpec(Strict):
         None, gt=0, description="Also leave out rows older than this (e.g. 900: the last 15 minutes); default: the "
                                 "window is the most recent window_rows rows however old.")
     min_rows: int = Field(500, ge=1, description="Rows the window needs before drift is judged (status: collecting).")
-    psi_warn: float = Field(0.1, gt=0, description="Population stability index from which a feature is flagged warn.")
-    psi_alert: float = Field(0.25, gt=0, description="... and alert: the version's status becomes drifting.")
+    psi_warn: float = Field(_THRESHOLDS.psi_warn, gt=0, description="Population stability index from which a feature is flagged warn.")
+    psi_alert: float = Field(_THRESHOLDS.psi_alert, gt=0, description="... and alert: the version's status becomes drifting.")
     max_null_share: Optional[float] = Field(
         None, ge=0, le=1, description="Share of missing values above which a feature alerts; default: its share in "
                                       "training plus 0.05.")
-    max_unseen_share: float = Field(0.05, ge=0, le=1, description="Share of categories never seen in training above "
+    max_unseen_share: float = Field(_THRESHOLDS.max_unseen_share, ge=0, le=1, description="Share of categories never seen in training above "
                                                                  "which a categorical feature alerts.")
-    max_out_of_range_share: float = Field(0.05, ge=0, le=1, description="Share of values outside the training range "
+    max_out_of_range_share: float = Field(_THRESHOLDS.max_out_of_range_share, ge=0, le=1, description="Share of values outside the training range "
                                                                        "above which a numeric feature alerts.")
 
     @model_validator(mode="before")
@@ -113,9 +117,7 @@ class MonitoringSpec(Strict):
                           allowed=f"<= window_rows ({self.window_rows})")
         return self
 
-    def thresholds(self):
-        from rayline.monitoring.drift import Thresholds
-
+    def thresholds(self) -> Thresholds:
         return Thresholds(psi_warn=self.psi_warn, psi_alert=self.psi_alert, max_null_share=self.max_null_share,
                           max_unseen_share=self.max_unseen_share, max_out_of_range_share=self.max_out_of_range_share)
 
