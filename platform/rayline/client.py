@@ -12,7 +12,9 @@ at most N items") and the client re-chunks at N; a 413 halves the chunk. Answers
 together in input order, indexed like the input DataFrame.
 
 Retries: 429 (after Retry-After, in seconds or an HTTP date, capped at `max_backoff_s`), 502,
-503, 504 and connection failures (refused, reset, closed without an answer) are retried up to
+503, 504, Serve's HAProxy ingress's 500 (its own 502/503/504 rewritten by Ray's errorfile; a model's
+error is rayline's JSON 500, never retried) and connection failures (refused, reset, closed without an
+answer) are retried up to
 `max_retries` times with exponential backoff and full jitter (AWS's "Exponential Backoff And
 Jitter": sleep uniform(0, min(cap, base * 2**attempt))), so many clients refused at once do not
 come back in step. A prediction is a pure function of its rows, so repeating one is safe. Any
@@ -38,7 +40,7 @@ from rayline.errors import DataError, ServeError
 from rayline.serve.request_rows import check_finite, describe_error_body, rows_from_table
 
 __all__ = ["Client", "ServeRequestError", "PREDICTION_COLUMN", "probability_column", "parse_retry_after",
-           "backoff_delay", "RETRY_STATUSES", "ONLINE_WRITERS", "write_predictions"]
+           "backoff_delay", "RETRY_STATUSES", "ingress_unavailable", "ONLINE_WRITERS", "write_predictions"]
 
 PREDICTION_COLUMN = "prediction"
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -47,7 +49,18 @@ VERSION_HEADER = "x-rayline-version"
 # without an answer): safe and useful to repeat.
 _RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ReadError, httpx.WriteError,
                  httpx.RemoteProtocolError)
+# Ray Serve's HAProxy ingress answers its own 502/503/504 (no replica answered: it died under the
+# request, or none is up) with this exact 500 (Ray's errorfile, serve/_private/haproxy.py). A 500 from
+# a replica differs: rayline's is JSON, Serve's own for an escaped exception has no content type.
+_INGRESS_500 = ("text/plain", b"Internal Server Error")
 _TOO_MANY = re.compile(r"at most (\d+) item")
+
+
+def ingress_unavailable(response: httpx.Response) -> bool:
+    """Whether `response` is Serve's HAProxy ingress saying that no replica answered (a 502/503/504 of
+    its own, which Ray's errorfile turns into a plain-text 500): retryable, unlike a model's 500."""
+    content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    return response.status_code == 500 and (content_type, response.content.strip()) == _INGRESS_500
 
 
 def probability_column(label: Any) -> str:
@@ -289,7 +302,7 @@ class Client:
                 status = response.status_code
                 if status < 400:
                     return response
-                if status not in RETRY_STATUSES:
+                if status not in RETRY_STATUSES and not ingress_unavailable(response):
                     self._refused(endpoint, response, attempt, chunk_size)
             if attempt > self.max_retries:
                 break
@@ -300,7 +313,8 @@ class Client:
             raise ServeRequestError(f"cannot reach {endpoint} after {attempt} attempt{'s' if attempt > 1 else ''}: "
                                     f"{reason} (is the model deployed? `rayline serve status`)",
                                     status=None, attempts=attempt) from last_error
-        detail = describe_error_body(response)
+        detail = ("no replica answered (Serve's HAProxy ingress; is the deployment healthy? `rayline serve status`)"
+                  if ingress_unavailable(response) else describe_error_body(response))
         raise ServeRequestError(f"{endpoint} answered {response.status_code} after {attempt} "
                                 f"attempt{'s' if attempt > 1 else ''}: {detail}", status=response.status_code,
                                 attempts=attempt, detail=detail)

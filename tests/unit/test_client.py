@@ -36,10 +36,12 @@ class Server:
             def _answer(self, status, headers, body):
                 data = json.dumps(body).encode() if not isinstance(body, bytes) else body
                 self.send_response(status)
-                self.send_header("content-type", "application/json")
+                if "content-type" not in headers:  # None: no content type at all
+                    self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 for key, value in headers.items():
-                    self.send_header(key, value)
+                    if value is not None:
+                        self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -153,6 +155,30 @@ def test_gateway_errors_are_retried(status):
     with Server([(status, {}, {"detail": "gateway"})]) as server, Client(server.url, backoff_s=0.01) as client:
         assert client.predict(ROWS[:1])["prediction"].tolist() == [0.0]
     assert len(server.posts) == 2
+
+
+# Byte for byte what Serve's HAProxy ingress answers when no replica did (Ray's errorfile for its
+# 502/503/504), and the two 500s a replica gives: rayline's JSON one and Serve's for an escaped exception.
+INGRESS_500 = (500, {"content-type": "text/plain"}, b"Internal Server Error")
+MODEL_500 = (500, {}, {"detail": "internal error (ValueError); the server log has the details"})
+REPLICA_500 = (500, {"content-type": None}, b"Internal Server Error")
+
+
+def test_the_ingress_500_for_a_lost_replica_is_retried_and_a_models_500_is_not():
+    with Server([INGRESS_500, INGRESS_500]) as server, Client(server.url, backoff_s=0.01) as client:
+        assert client.predict(ROWS[:2])["prediction"].tolist() == [0.0, 10.0]
+    assert len(server.posts) == 3 and client.attempts == 3
+    for answer, detail in ((MODEL_500, "internal error (ValueError)"), (REPLICA_500, "Internal Server Error")):
+        with Server([answer] * 3) as server, Client(server.url, backoff_s=0.01) as client:
+            with pytest.raises(ServeRequestError) as info:
+                client.predict(ROWS[:1])
+        assert len(server.posts) == 1 and info.value.status == 500, answer
+        assert detail in str(info.value)
+    with Server([INGRESS_500] * 5) as server, Client(server.url, backoff_s=0.01, max_retries=2) as client:
+        with pytest.raises(ServeRequestError) as info:
+            client.predict(ROWS[:1])
+    assert len(server.posts) == 3 and info.value.attempts == 3
+    assert "answered 500 after 3 attempts: no replica answered (Serve's HAProxy ingress" in str(info.value)
 
 
 def test_a_server_closing_connections_is_retried_then_reported():

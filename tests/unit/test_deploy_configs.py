@@ -261,7 +261,8 @@ def _ray_containers(manifest):
 
 
 _SERVE_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-              "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": "2147483647"}
+              "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": "2147483647",
+              "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response"}
 
 
 def _serve_env_problems(manifest):
@@ -278,6 +279,13 @@ def _serve_env_problems(manifest):
 def test_clusters_that_serve_set_serves_fast_ingress_env_on_every_ray_container(path):
     manifest = yaml.safe_load(path.read_text())
     assert _serve_env_problems(manifest) == [] or not _serves(manifest)  # a --no-serve RayJob needs none
+
+
+def test_the_manifests_serve_env_is_what_rayline_sets_for_a_ray_it_starts():
+    from rayline.cluster.env import serve_env
+
+    ours = serve_env("haproxy", state_dir="/tmp/x")
+    assert {key: ours[key] for key in _SERVE_ENV} == _SERVE_ENV
 
 
 def test_serve_env_check_catches_a_group_without_it():
@@ -546,6 +554,7 @@ def test_launcher_config_is_closed_by_default(path):
         assert "RAY_AUTH_MODE=token" in command, command
         assert "RAY_SERVE_ENABLE_HA_PROXY=1" in command and "RAY_SERVE_THROUGHPUT_OPTIMIZED=1" in command
         assert "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH=2147483647" in command
+        assert 'RAY_SERVE_HAPROXY_RETRY_ON="conn-failure empty-response"' in command
         assert "0.0.0.0" not in command
     head = next(c for c in starts if "--head" in c)
     assert "--dashboard-host=127.0.0.1" in head

@@ -9,7 +9,7 @@ import os
 from rayline.errors import ClusterError
 from rayline.ports import free_port
 
-__all__ = ["train_env", "INGRESS_ENV", "INGRESS_CHOICES", "DEFAULT_INGRESS", "REPLICA_GRPC_LIMIT_ENV", "serve_env",
+__all__ = ["train_env", "INGRESS_ENV", "INGRESS_CHOICES", "DEFAULT_INGRESS", "REPLICA_GRPC_LIMIT_ENV", "HAPROXY_RETRY_ON_ENV", "serve_env",
            "quiet_ray", "quiet_driver_logs", "SINGLE_NODE_ENV", "loopback_env"]
 
 
@@ -67,6 +67,14 @@ _HAPROXY_FLAGS = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
 REPLICA_GRPC_LIMIT_ENV, REPLICA_GRPC_LIMIT = "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(2**31 - 1)
 
 
+# When HAProxy may send a request again: Ray's default, conn-failure, only when it never reached a
+# replica. A replica that dies with requests under way (SIGKILL, OOM, a lost node) closes their
+# connections without an answer, and HAProxy turned each into a 500 (its 502, normalised by Ray's
+# errorfile) that no client can tell from a model's error. rayline's HTTP routes that take a body
+# (/predict, /infer) are pure functions of it, so HAProxy resends those to another replica.
+HAPROXY_RETRY_ON_ENV, HAPROXY_RETRY_ON = "RAY_SERVE_HAPROXY_RETRY_ON", "conn-failure empty-response"
+
+
 def serve_env(ingress: str | None = None, state_dir: str | None = None) -> dict[str, str]:
     """Environment for the Ray Serve ingress of a Ray that rayline starts.
 
@@ -112,6 +120,7 @@ def serve_env(ingress: str | None = None, state_dir: str | None = None) -> dict[
         # failed with a 503. Bodies are bounded by serve.max_body_bytes (413 before anything is
         # forwarded); this is the limit Serve's handles already have on their side.
         REPLICA_GRPC_LIMIT_ENV: REPLICA_GRPC_LIMIT,
+        HAPROXY_RETRY_ON_ENV: HAPROXY_RETRY_ON,
     })
     # An explicit setting of the user's wins over each of ours.
     return {key: os.environ.get(key, value) for key, value in env.items()}
