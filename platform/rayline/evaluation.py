@@ -11,7 +11,9 @@ are computed where the data is and only these (of a size independent of the rows
   so the AUC is off by at most half the share of (positive, negative) pairs that share a bin;
   `auc_error_bound()` says how much that is for the data at hand (typically < 1e-4).
 - regression: count, mean and sum of squared deviations of the truth (Chan et al.'s merge),
-  summed squared and absolute errors: MSE, RMSE, MAE and R^2, exact to float rounding.
+  summed squared and absolute errors: MSE, RMSE, MAE and R^2, exact to float rounding; and a KLL
+  sketch of the predicted values (`predicted_sketch()`), the reference of live prediction drift
+  (rayline/monitoring).
 
 `compute_metrics(task, outputs, labels)` is the one-shot form: the partials of all rows.
 """
@@ -44,6 +46,7 @@ class MetricPartials:
         self.rows = 0
         if task == "regression":
             self.mean = self.m2 = self.squared = self.absolute = 0.0
+            self.predicted = None  # a serialised KLL sketch of the predicted values (picklable, unlike the sketch)
         else:
             self.confusion = np.zeros((classes, classes), dtype=np.int64)  # [truth, predicted]
             self.log_loss = 0.0
@@ -65,6 +68,9 @@ class MetricPartials:
                 part.m2 = float(((truth - part.mean) ** 2).sum())
                 part.squared = float((errors ** 2).sum())
                 part.absolute = float(np.abs(errors).sum())
+                sketch = _sketch()
+                sketch.update(values[np.isfinite(values)])
+                part.predicted = sketch.serialize()
             return part
         probs = np.clip(np.asarray(outputs, dtype=np.float64), 1e-12, 1.0)
         probs = probs / probs.sum(axis=1, keepdims=True)
@@ -95,6 +101,10 @@ class MetricPartials:
             self.squared += other.squared
             self.absolute += other.absolute
             self.rows = n
+            if other.predicted is not None:
+                merged = self.predicted_sketch() or _sketch()
+                merged.merge(other.predicted_sketch())
+                self.predicted = merged.serialize()
             return self
         if other.classes != self.classes:
             raise ValueError(f"merging metrics of {self.classes} and {other.classes} classes")
@@ -108,6 +118,13 @@ class MetricPartials:
             self._to_histograms()
             self.histograms = self.histograms + other._histograms()
         return self
+
+    def predicted_sketch(self):
+        """Regression: the KLL sketch of the predicted values (None before any row)."""
+        from datasketches import kll_doubles_sketch
+
+        predicted = getattr(self, "predicted", None)  # partials pickled before it existed have none
+        return None if predicted is None else kll_doubles_sketch.deserialize(predicted)
 
     # ------------------------------------------------------------ ROC AUC
 
@@ -189,3 +206,11 @@ class MetricPartials:
         if self.rows and (actual > 0).all():
             out["roc_auc"] = self._roc_auc()
         return out
+
+
+def _sketch():
+    from datasketches import kll_doubles_sketch
+
+    from rayline.data.profile import SKETCH_K
+
+    return kll_doubles_sketch(SKETCH_K)

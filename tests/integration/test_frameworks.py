@@ -146,6 +146,16 @@ def test_regression_reports_the_torch_metric_names(ray_session, ws, framework, m
     assert summary.test_metrics["r2"] > 0.1, summary.test_metrics
     model_ = load_model(spec.name, summary.version, workspace=str(ws.root))
     assert model_.meta["framework"] == framework
+    # Prediction drift's reference: the test split's predicted values in bins at their deciles.
+    reference = model_.statistics.predictions
+    assert set(reference) == {"edges", "counts"} and sum(reference["counts"]) == pytest.approx(summary.rows["test"])
+    from sklearn.datasets import load_diabetes
+
+    everything = load_diabetes(as_frame=True).frame.drop(columns=["target"])
+    answers = np.asarray(model_.predict(everything)["predictions"], dtype=np.float64)
+    edges = np.asarray(reference["edges"])
+    assert len(edges) >= 8 and (np.diff(edges) > 0).all() and answers.min() <= edges[0] and edges[-1] <= answers.max()
+    assert 0.3 < (answers < np.median(edges)).mean() < 0.7  # the whole data's answers straddle the test split's median
     if not technique:  # bf16 workers: their outputs are not the fp32 model's
         from rayline.data import prepare_data
 

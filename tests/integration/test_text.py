@@ -7,6 +7,7 @@ Inference Protocol by tritonclient. Predictions over HTTP equal the offline mode
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -251,3 +252,20 @@ def test_live_traffic_is_monitored_against_the_training_statistics(text_run, ws,
     assert status["status"] == "drifting"
     line = drift_line(app.model, str(text_run.version), status)
     assert "drifting" in line and "channel" in line and "account_age_days" in line and "[alert]" in line
+
+    # `rayline report NAME --live`'s page (its connection and CLI lines are unit-tested): a panel per
+    # feature of the live window, the two shifted ones flagged; a version not serving is refused.
+    from rayline.errors import ServeError
+    from rayline.monitoring.live import live_versions
+    from rayline.monitoring.report import live_report_html
+
+    assert live_versions(text_run.name) == [str(text_run.version)]
+    page, (summary,) = live_report_html(text_run.name)
+    assert summary["status"] == "drifting" and {"channel", "account_age_days"} <= set(summary["flagged"]), summary
+    assert summary["window_rows"] >= 400
+    panels = set(re.findall(r'<section class="feature" data-feature="([^"]+)"', page))
+    assert panels >= {"channel", "account_age_days", "(prediction)"} and "text" not in panels, panels
+    with pytest.raises(ServeError, match=r"--version: .* no monitored window for version '99' \(allowed: "):
+        live_report_html(text_run.name, ["99"])
+    with pytest.raises(ServeError, match="has no monitored version serving"):
+        live_report_html("no-such-model")

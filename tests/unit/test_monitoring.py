@@ -180,7 +180,7 @@ def test_the_monitor_counts_requests_off_the_request_path_and_judges_the_window(
     stats = _statistics(frame)
     stats.predictions = {"labels": [0, 1], "counts": [500, 500]}
     fitted = _served(frame)
-    monitor = LiveMonitor(stats, _spec(), "t", "1", ["x", "k", "city"], classes=2, kv=False).attach(fitted.compiled)
+    monitor = LiveMonitor(stats, _spec(), "t", "1", ["x", "k", "city"], kv=False).attach(fitted.compiled)
     try:
         assert monitor.report()["status"] == "collecting"
         rows = _frame(400, seed=11)[["x", "k", "city"]].to_dict("records")
@@ -213,6 +213,46 @@ def test_the_monitor_counts_requests_off_the_request_path_and_judges_the_window(
         monitor.close()
 
 
+def test_regression_answers_drift_against_the_test_splits_predicted_values():
+    """A regression version's reference is a decile histogram of its test predictions (registration's
+    metric partials, merged across blocks as KLL sketches); live answers count into those bins."""
+    from rayline.evaluation import MetricPartials
+    from rayline.monitoring.drift import prediction_bins
+    from rayline.monitoring.live import LiveMonitor
+    from rayline.monitoring.statistics import value_histogram
+
+    rng = np.random.default_rng(5)
+    predicted = rng.normal(150.0, 40.0, 3000)
+    parts = [MetricPartials.of("regression", chunk, chunk + 1.0) for chunk in np.array_split(predicted, 3)]
+    merged = parts[0].merge(parts[1]).merge(parts[2])
+    edges, counts = value_histogram(merged.predicted_sketch())
+    ranks = (predicted[:, None] < np.asarray(edges)).mean(axis=0)  # the edges sit at the deciles (KLL rank error)
+    assert len(edges) == 9 and np.abs(ranks - np.arange(1, 10) / 10).max() < 0.01, ranks
+    assert sum(counts) == pytest.approx(3000) and max(counts) - min(counts) < 60
+    frame = _frame()
+    stats = _statistics(frame)
+    stats.predictions = {"edges": edges, "counts": counts}
+    ids, bins = prediction_bins(stats, np.array([[0.0], [(edges[4] + edges[5]) / 2], [1e6], [np.nan]]))
+    assert bins == 10 and ids.tolist() == [0, 5, 9]  # a NaN answer is not counted
+    fitted = _served(frame)
+    monitor = LiveMonitor(stats, _spec(), "t", "1", ["x", "k", "city"], kv=False).attach(fitted.compiled)
+    try:
+        rows = _frame(400, seed=11)[["x", "k", "city"]].to_dict("records")
+        fitted.encode_records(rows)
+        monitor.observe_outputs(rng.normal(150.0, 40.0, (400, 1)))
+        monitor.update()
+        levels = {f["feature"]: f["level"] for f in monitor.report()["features"]}
+        assert levels["(prediction)"] == "ok", monitor.report()
+        fitted.encode_records(rows)
+        monitor.observe_outputs(rng.normal(230.0, 40.0, (400, 1)))  # answers 2 sd higher
+        monitor.update()
+        report = monitor.report()
+        prediction = next(f for f in report["features"] if f["feature"] == "(prediction)")
+        assert prediction["level"] == "alert" and report["status"] == "drifting", report
+    finally:
+        monitor.close()
+
+
 def test_a_v2_matrix_is_counted_like_rows():
     from rayline.data.preprocess import LabelInfo, fit_preprocessing
     from rayline.monitoring.live import LiveMonitor
@@ -221,7 +261,7 @@ def test_a_v2_matrix_is_counted_like_rows():
     features = [FeatureInfo("x", "number"), FeatureInfo("k", "integer")]
     fitted = fit_preprocessing(frame, features, LabelInfo("y", "classification", [0, 1]), [])
     stats = _statistics(frame.assign(city="a"))
-    monitor = LiveMonitor(stats, _spec(min_rows=1), "t", "1", ["x", "k"], classes=None, kv=False).attach(fitted.compiled)
+    monitor = LiveMonitor(stats, _spec(min_rows=1), "t", "1", ["x", "k"], kv=False).attach(fitted.compiled)
     try:
         rows = _frame(300, seed=4)[["x", "k"]].dropna()
         fitted.encode_matrix(rows.to_numpy(dtype=np.float64))

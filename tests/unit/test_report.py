@@ -154,7 +154,8 @@ def store(tmp_path_factory):
     return root, build_store(root)
 
 
-ERROR_CASES = ["unknown-id", "unknown-name", "no-trials", "unreachable", "no-store", "bad-output"]
+ERROR_CASES = ["unknown-id", "unknown-name", "no-trials", "unreachable", "no-store", "bad-output",
+               "version-without-live", "live-bad-output", "live-no-cluster"]
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +174,9 @@ def cli(store, tmp_path_factory):
         "unreachable": (["report", PIPELINE, *ws], {"RAYLINE_TRACKING_URI": "http://127.0.0.1:1"}),
         "no-store": (["report", PIPELINE, "--workspace", str(scratch / "empty")], None),
         "bad-output": (["report", runs["sweep"], *ws, "--output", str(scratch / "missing" / "r.html")], None),
+        "version-without-live": (["report", PIPELINE, *ws, "--version", "3"], None),
+        "live-bad-output": (["report", PIPELINE, *ws, "--live", "--output", str(scratch / "missing" / "r.html")], None),
+        "live-no-cluster": (["report", PIPELINE, *ws, "--live", "--address", "127.0.0.1:1"], None),
     }
     return {"scratch": scratch, **rayline_all(commands)}
 
@@ -317,6 +321,9 @@ def test_errors_are_one_line(store, cli, case):
                        r"127\.0\.0\.1:1 does not answer",
         "no-store": r"^error: report: no MLflow store at \S+mlflow\.db \(allowed: ",
         "bad-output": r"^error: --output: no such directory '\S+missing' ",
+        "version-without-live": r"^error: --version: only with --live \(got a sweep report of 'sweepy'; allowed: ",
+        "live-bad-output": r"^error: --output: no such directory '\S+missing' ",
+        "live-no-cluster": r"^error: .*127\.0\.0\.1:1",
     }[case]
     proc = cli[case]
     assert proc.returncode != 0

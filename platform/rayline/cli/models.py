@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from rayline.cli.apps import app, models_app
-from rayline.cli.options import WorkspaceOpt, open_workspace
+from rayline.cli.options import ServeAddressOpt, WorkspaceOpt, open_workspace
 from rayline.console import console
 from rayline.errors import RaylineError
 
@@ -68,17 +68,58 @@ def models_show(name: str = typer.Argument(..., help="A registered model name.")
 @app.command()
 def report(target: str = typer.Argument(..., metavar="RUN_ID|NAME", help="The MLflow run id `rayline run` printed "
                                         "(a trial's run id names its sweep), or a pipeline name: its newest run with "
-                                        "tuning trials."),
+                                        "tuning trials. With --live: a served model's name."),
            workspace: Optional[Path] = WorkspaceOpt,
            output: Optional[Path] = typer.Option(None, "--output", "-o", help="HTML file to write (default: "
-                                                 "<workspace>/reports/<name>-<run id>.html).")) -> None:
+                                                 "<workspace>/reports/<name>-<run id>.html; with --live "
+                                                 "<workspace>/reports/<name>-live-<time>.html)."),
+           live: bool = typer.Option(False, "--live", help="The drift of a served model's live window (every "
+                                     "monitored version, or --version), read from the connected cluster: a panel "
+                                     "per feature, training against live traffic."),
+           versions: Optional[list[str]] = typer.Option(None, "--version", help="With --live: only this version "
+                                                        "(repeat for several)."),
+           address: Optional[str] = ServeAddressOpt) -> None:
     """A sweep's report as one self-contained HTML file: learning curves, parameters against the metric,
-    the scheduler's decisions, model families, the winner and its test metrics."""
+    the scheduler's decisions, model families, the winner and its test metrics. With --live, a served
+    model's drift over its live window instead."""
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no store set-up chatter in the output
-    from rayline.report import open_store, write_report
+    if not live:
+        if versions or address:
+            raise RaylineError(f"{'--version' if versions else '--address'}: only with --live (got a sweep "
+                               f"report of {target!r}; allowed: --live NAME --version N)")
+        from rayline.report import open_store, write_report
 
-    result = write_report(open_store(open_workspace(workspace)), target, output)
-    sweep = result.sweep
-    console.print(f"wrote {result.path} ({result.bytes / 1e6:.1f} MB, {result.seconds:.1f} s): sweep of "
-                  f"{sweep.name}, run {sweep.run_id}, {len(sweep.trials)} trials, "
-                  f"winner {sweep.winner.trial_id if sweep.winner else '-'}")
+        result = write_report(open_store(open_workspace(workspace)), target, output)
+        sweep = result.sweep
+        console.print(f"wrote {result.path} ({result.bytes / 1e6:.1f} MB, {result.seconds:.1f} s): sweep of "
+                      f"{sweep.name}, run {sweep.run_id}, {len(sweep.trials)} trials, "
+                      f"winner {sweep.winner.trial_id if sweep.winner else '-'}")
+        return
+    path, summaries = write_live_report(open_workspace(workspace), target, versions, output, address)
+    for s in summaries:
+        console.print(f"{target} v{s['version']}: {s['status']}, {s['window_rows']:,} rows in the live window"
+                      + (f"; flagged: {', '.join(s['flagged'])}" if s["flagged"] else ""), soft_wrap=True)
+    console.print(f"wrote {path}")
+
+
+def write_live_report(ws, model: str, versions: Optional[list[str]], output: Optional[Path],
+                      address: Optional[str] = None) -> tuple[Path, list[dict]]:
+    """`rayline report NAME --live`: the page of the model's live windows, joined from the cluster
+    that serves it; (where it was written, a summary per version)."""
+    import time
+
+    from rayline.monitoring.report import live_report_html
+    from rayline.report.page import write_html
+    from rayline.serve.status import connect_existing
+
+    if output is not None and not output.parent.is_dir():  # before joining the cluster, not after
+        raise RaylineError(f"--output: no such directory {str(output.parent)!r} (got {str(output)!r})")
+    conn = connect_existing(ws, address)
+    try:
+        text, summaries = live_report_html(model, [str(v) for v in versions] if versions else None)
+    finally:
+        conn.shutdown()
+    path = output or Path(ws.root) / "reports" / f"{model}-live-{time.strftime('%Y%m%d-%H%M%S')}.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_html(text, path)
+    return path, summaries

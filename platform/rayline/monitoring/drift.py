@@ -21,7 +21,7 @@ import numpy as np
 
 from rayline.monitoring.statistics import TrainingStatistics
 
-__all__ = ["PSI_FLOOR", "PREDICTION", "Thresholds", "FeatureCounts", "FeatureDrift", "psi", "drift"]
+__all__ = ["PSI_FLOOR", "PREDICTION", "Thresholds", "FeatureCounts", "FeatureDrift", "psi", "drift", "prediction_bins"]
 
 PSI_FLOOR = 1e-4
 PREDICTION = "(prediction)"  # the name prediction drift is reported under, beside the features
@@ -50,14 +50,16 @@ class Thresholds:
 @dataclass
 class FeatureCounts:
     """Mergeable counts of scored rows per feature: {name: [rows, nulls, outside, bins...]}, and of
-    the predicted classes (`predictions`, classification) when answers are counted too."""
+    the answers per bin of the prediction reference (`predictions`: classes, or value bins) when
+    answers are counted too."""
 
     rows: int = 0
     features: dict = field(default_factory=dict)
     predictions: np.ndarray | None = None
 
-    def add_predictions(self, class_ids, classes: int) -> "FeatureCounts":
-        counts = np.bincount(np.asarray(class_ids, dtype=np.int64), minlength=classes)[:classes]
+    def add_predictions(self, bin_ids, bins: int) -> "FeatureCounts":
+        """Count answers by their bin of the statistics' prediction reference (`prediction_bins`)."""
+        counts = np.bincount(np.asarray(bin_ids, dtype=np.int64), minlength=bins)[:bins]
         self.predictions = counts if self.predictions is None else self.predictions + counts
         return self
 
@@ -118,6 +120,20 @@ class FeatureCounts:
             self.predictions = (other.predictions.copy() if self.predictions is None
                                 else self.predictions + other.predictions)
         return self
+
+
+def prediction_bins(statistics: TrainingStatistics, outputs) -> tuple[np.ndarray, int] | None:
+    """(each answer's bin, how many bins) of the model's `outputs` (a batch of class probabilities,
+    or of values) in the statistics' prediction reference; None without one."""
+    reference = statistics.predictions
+    if reference is None:
+        return None
+    out = np.asarray(outputs, dtype=np.float64)
+    if "labels" in reference:  # classification: the predicted class
+        return out.reshape(len(out), -1).argmax(axis=1), len(reference["labels"])
+    values = out.reshape(-1)
+    values = values[np.isfinite(values)]
+    return np.searchsorted(np.asarray(reference["edges"]), values, side="right"), len(reference["edges"]) + 1
 
 
 def _category_counts(stats, column) -> np.ndarray:
@@ -199,7 +215,8 @@ def drift(statistics: TrainingStatistics, counts: FeatureCounts, thresholds: Thr
                                 if level != "ok" else [],
                                 train_shares=(expected / max(expected.sum(), 1.0)).tolist(),
                                 shares=(actual / max(actual.sum(), 1.0)).tolist(),
-                                labels=[str(v) for v in predicted["labels"]]))
+                                labels=([str(v) for v in predicted["labels"]] if "labels" in predicted
+                                        else _bin_labels(predicted["edges"]))))
     return sorted(out, key=lambda d: (-d.psi, d.name))
 
 

@@ -26,15 +26,16 @@ import threading
 import time
 import uuid
 from collections import deque
+from dataclasses import asdict
 
 import numpy as np
 
-from rayline.monitoring.drift import FeatureCounts, drift
+from rayline.monitoring.drift import FeatureCounts, drift, prediction_bins
 from rayline.monitoring.statistics import TrainingStatistics
 from rayline.serve.kv_namespace import KV_NAMESPACE
 
 __all__ = ["UPDATE_S", "PUBLISH_S", "STALE_S", "KV_PREFIX", "SlidingWindow", "LiveMonitor", "gather_window",
-           "latest_report", "version_report", "monitor_predictor"]
+           "latest_report", "version_report", "monitor_predictor", "live_versions", "live_drift", "window_status"]
 
 UPDATE_S = 0.5  # how often queued answers are counted
 PUBLISH_S = 2.0  # how often a replica writes its window to the KV store (also a heartbeat)
@@ -79,11 +80,10 @@ class LiveMonitor:
     """One version's monitor in one replica process (serve/stack.py builds it)."""
 
     def __init__(self, statistics: TrainingStatistics, spec, model: str, version: str, feature_names: list[str],
-                 classes: int | None, kv: bool = True):
+                 kv: bool = True):
         self.statistics, self.spec = statistics, spec
         self.model, self.version = model, str(version)
         self.columns = [c for c in statistics.features if c in set(feature_names)]
-        self.classes = classes if statistics.predictions is not None else None
         self.window = SlidingWindow(spec.window_rows, spec.window_seconds)
         self.seen = 0  # rows this replica answered since it started
         self._queue: deque = deque()  # (rows, numeric columns, categorical columns) per request batch
@@ -92,6 +92,7 @@ class LiveMonitor:
         self._kv = kv
         self._replica = _replica_id()
         self._status = "collecting"
+        self._reference_published = False
         self._gauges = _Gauges(model, self.version) if kv else None
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"rayline-monitor-{model}-{version}", daemon=True)
@@ -117,8 +118,9 @@ class LiveMonitor:
         self._queue.append((len(batch), num, cat))
 
     def observe_outputs(self, outputs) -> None:
-        """The model's outputs for an answered request (its predicted classes are counted)."""
-        if self.classes:
+        """The model's outputs for an answered request (counted by the prediction reference's bins:
+        predicted classes, or value bins)."""
+        if self.statistics.predictions is not None:
             self._outputs.append(outputs)
 
     # ------------------------------------------------------------ the thread
@@ -147,10 +149,10 @@ class LiveMonitor:
                 nums.append(num)
             for name, values in cat.items():
                 cats[name].append(values)
-        predicted = []
+        predicted, bins = [], 0
         while self._outputs:
-            out = np.asarray(self._outputs.popleft())
-            predicted.append(out.reshape(len(out), -1).argmax(axis=1))
+            ids, bins = prediction_bins(self.statistics, self._outputs.popleft())
+            predicted.append(ids)
         if not rows and not predicted:
             return
         stacked = np.concatenate(nums) if nums else None
@@ -158,7 +160,7 @@ class LiveMonitor:
         categorical = {name: np.concatenate(parts) for name, parts in cats.items() if parts}
         counts = FeatureCounts.of_columns(self.statistics, rows, numeric, categorical)
         if predicted:
-            counts.add_predictions(np.concatenate(predicted), self.classes)
+            counts.add_predictions(np.concatenate(predicted), bins)
         self.seen += rows
         self.window.add(counts)
         if not self._kv:
@@ -167,6 +169,12 @@ class LiveMonitor:
     def _publish(self) -> None:
         from ray.experimental.internal_kv import _internal_kv_put
 
+        if not self._reference_published:  # once: what `rayline report --live` judges the window against
+            reference = {"statistics": self.statistics.to_dict(), "thresholds": asdict(self.spec.thresholds()),
+                         "window_size": self.spec.window_rows, "min_rows": self.spec.min_rows}
+            _internal_kv_put(_reference_key(self.model, self.version), json.dumps(reference).encode(),
+                             overwrite=True, namespace=KV_NAMESPACE)
+            self._reference_published = True
         entry = {"time": time.time(), "seen": self.seen, "window": self.window.total.to_dict()}
         _internal_kv_put(_key_prefix(self.model, self.version) + self._replica.encode(), json.dumps(entry).encode(),
                          overwrite=True, namespace=KV_NAMESPACE)
@@ -214,10 +222,45 @@ def monitor_predictor(predictor, version: str, spec, kv: bool):
     `serve.monitoring` is off or the version has no training statistics."""
     if not spec.enabled or predictor.statistics is None:
         return None
-    classes = len(predictor.preprocessing.label.classes or []) if predictor.task == "classification" else None
     monitor = LiveMonitor(predictor.statistics, spec, predictor.name, version,
-                          [f.name for f in predictor.preprocessing.features], classes, kv=kv)
+                          [f.name for f in predictor.preprocessing.features], kv=kv)
     return monitor.attach(predictor.preprocessing.compiled)
+
+
+def _reference_key(model: str, version: str) -> bytes:
+    return f"{KV_PREFIX}-reference:{model}:{version}".encode()
+
+
+def live_versions(model: str) -> list[str]:
+    """The versions of `model` whose replicas published a window within STALE_S, in version order."""
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+
+    prefix, found, now = f"{KV_PREFIX}:{model}:".encode(), set(), time.time()
+    for key in _internal_kv_list(prefix, namespace=KV_NAMESPACE):
+        version = key[len(prefix):].split(b":", 1)[0].decode()
+        if version in found:
+            continue
+        raw = _internal_kv_get(key, namespace=KV_NAMESPACE)
+        if raw is not None and now - json.loads(raw)["time"] <= STALE_S:
+            found.add(version)
+    return sorted(found, key=lambda v: (not v.isdigit(), int(v) if v.isdigit() else 0, v))
+
+
+def live_drift(model: str, version: str):
+    """(drift per feature and of the answers, the merged window, the judging settings) of a served
+    version's live window, as its replicas judge it; None when no replica published its reference."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    from rayline.monitoring.drift import Thresholds
+
+    raw = _internal_kv_get(_reference_key(model, version), namespace=KV_NAMESPACE)
+    if raw is None:
+        return None
+    reference = json.loads(raw)
+    statistics = TrainingStatistics.from_dict(reference["statistics"])
+    counts = gather_window(model, version)
+    drifts = drift(statistics, counts, Thresholds(**reference["thresholds"])) if counts.rows else []
+    return drifts, counts, reference
 
 
 def _report_key(model: str, version: str) -> bytes:
@@ -250,17 +293,18 @@ def gather_window(model: str, version: str) -> FeatureCounts:
     return merged
 
 
+def window_status(drifts: list, rows: int, min_rows: int) -> str:
+    """collecting (fewer than min_rows rows) | drifting (a feature alerts) | warn | ok."""
+    if rows < min_rows:
+        return "collecting"
+    levels = {d.level for d in drifts}
+    return "drifting" if "alert" in levels else "warn" if "warn" in levels else "ok"
+
+
 def version_report(statistics: TrainingStatistics, counts: FeatureCounts, spec, model: str, version: str) -> dict:
     """{status: collecting | ok | warn | drifting, window_rows, features: [...largest PSI first]}."""
     drifts = drift(statistics, counts, spec.thresholds()) if counts.rows else []
-    if counts.rows < spec.min_rows:
-        status = "collecting"
-    elif any(d.level == "alert" for d in drifts):
-        status = "drifting"
-    elif any(d.level == "warn" for d in drifts):
-        status = "warn"
-    else:
-        status = "ok"
+    status = window_status(drifts, counts.rows, spec.min_rows)
     return {
         "model": model, "version": str(version), "status": status, "window_rows": counts.rows,
         "window_size": spec.window_rows, "min_rows": spec.min_rows,

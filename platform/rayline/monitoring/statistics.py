@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-__all__ = ["BINS", "STATISTICS_FILE", "NumericStats", "CategoricalStats", "TrainingStatistics"]
+__all__ = ["BINS", "STATISTICS_FILE", "NumericStats", "CategoricalStats", "TrainingStatistics", "value_histogram"]
 
 BINS = 10
 STATISTICS_FILE = "statistics.json"
@@ -65,8 +65,9 @@ class CategoricalStats(_Nulls):
 class TrainingStatistics:
     rows: int  # train rows
     features: dict  # name -> NumericStats | CategoricalStats
-    # Classification: how many rows of the held-out split the registered model predicts as each
-    # class ({"labels": [...], "counts": [...]}, from registration's test metrics pass); None otherwise.
+    # The registered model's predictions on the held-out test split (registration's test metrics
+    # pass): classification, rows per predicted class {"labels": [...], "counts": [...]}; regression,
+    # a histogram of the predicted values {"edges": inner edges at their deciles, "counts": [...]}.
     predictions: dict | None = None
 
     @classmethod
@@ -136,7 +137,12 @@ def _histogram(stats) -> tuple[list[float], list[float]]:
         return [], [float(stats.n)]
     from datasketches import kll_doubles_sketch
 
-    kll = kll_doubles_sketch.deserialize(sketch)
-    edges = np.unique(np.asarray(kll.get_quantiles(ranks), dtype=np.float64))
+    return value_histogram(kll_doubles_sketch.deserialize(sketch), stats.n)
+
+
+def value_histogram(kll, n: float | None = None) -> tuple[list[float], list[float]]:
+    """(inner edges at the deciles, values per bin) read off a KLL sketch: its mass between the
+    edges times `n` (default: the values it saw)."""
+    edges = np.unique(np.asarray(kll.get_quantiles(np.arange(1, BINS) / BINS), dtype=np.float64))
     masses = np.asarray(kll.get_pmf(edges.tolist()), dtype=np.float64)  # [left, right) intervals, as searchsorted
-    return edges.tolist(), (masses * stats.n).tolist()
+    return edges.tolist(), (masses * (kll.n if n is None else n)).tolist()

@@ -56,7 +56,7 @@ def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Wo
 
         test_metrics, partials = evaluate_rows(artifact, data.test_rows, with_partials=True)
         _add_test_metrics(artifact, test_metrics)
-        _add_predicted_classes(artifact, partials, data.preprocessing)
+        _add_predictions(artifact, partials, data.preprocessing)
         mv = registry.register(
             run_id, spec.name, artifact,
             metrics={**{f"valid_{k}": v for k, v in model_metrics.items()},
@@ -110,20 +110,27 @@ def _check_probe(predictor, data) -> None:
         raise TrainingError(problem)
 
 
-def _add_predicted_classes(artifact: str, partials, preprocessing) -> None:
-    """The held-out split's predicted classes into the training statistics: the reference that the
-    replicas' prediction drift compares answers with (rayline/monitoring). Read off the test
-    metrics' confusion matrix (its column sums): no other pass."""
-    from rayline.monitoring.statistics import STATISTICS_FILE, TrainingStatistics
+def _add_predictions(artifact: str, partials, preprocessing) -> None:
+    """The held-out split's predictions into the training statistics: the reference that prediction
+    drift compares answers with (rayline/monitoring). Read off the test metrics' partials, no other
+    pass: classification, the predicted classes (the confusion matrix's column sums); regression, a
+    histogram of the predicted values in BINS bins at their deciles (their KLL sketch)."""
+    from rayline.monitoring.statistics import STATISTICS_FILE, TrainingStatistics, value_histogram
 
     path = os.path.join(artifact, STATISTICS_FILE)
-    confusion = getattr(partials, "confusion", None)
-    if not os.path.isfile(path) or confusion is None or not confusion.sum():
+    if not os.path.isfile(path) or partials is None or not partials.rows:
         return
     statistics = TrainingStatistics.load(path)
-    classes = preprocessing.label.classes or []
-    statistics.predictions = {"labels": [c.item() if hasattr(c, "item") else c for c in classes],
-                              "counts": confusion.sum(axis=0).astype(int).tolist()}
+    if partials.task == "regression":
+        sketch = partials.predicted_sketch()
+        if sketch is None or sketch.is_empty():
+            return
+        edges, counts = value_histogram(sketch)
+        statistics.predictions = {"edges": edges, "counts": counts}
+    else:
+        classes = preprocessing.label.classes or []
+        statistics.predictions = {"labels": [c.item() if hasattr(c, "item") else c for c in classes],
+                                  "counts": partials.confusion.sum(axis=0).astype(int).tolist()}
     statistics.save(path)
 
 
