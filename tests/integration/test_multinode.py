@@ -22,8 +22,9 @@ and Ray Train's run state), while training runs:
 - the split its data stage made on the two worker nodes is the one the session's single node
   makes of the same data (split sizes and the raw test rows, from the data cache entry).
 
-The pytest process never joins this cluster (it drives the session's embedded Ray): it talks
-to it through `rayline submit` and the dashboard's HTTP API only. Every node is stopped after
+The pytest process never joins this cluster, nor uses the session's embedded Ray (so it runs in
+the lane beside that Ray's tests): it talks to the cluster through `rayline submit` and the
+dashboard's HTTP API only. Every node is stopped after
 the module, on failure too, and the test checks that no process of any node is left.
 """
 
@@ -102,7 +103,7 @@ def _wait(what: str, check, proc, log, timeout_s: float):
         time.sleep(0.5)
 
 
-def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(cluster, tmp_path, ray_session):
+def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(cluster, tmp_path):
     ws = tmp_path / "shared-ws"  # a path every node of this one-machine cluster reaches
     log = tmp_path / "submit.log"
     env = {**os.environ}
@@ -194,21 +195,27 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
     replicas = [a for a in cluster.state("actors", state="ALIVE") if a["class_name"].startswith("ServeReplica:diabetes")]
     assert replicas and all(a["node_id"] in {survivor.node_id, replacement.node_id} for a in replicas), replicas
     # The split the cluster's data stage made (its tasks ran on the two worker nodes: the head has
-    # no CPUs) is the one this single-node session makes of the same data: the same split sizes,
-    # and the same raw test rows, read from the data cache entry the cluster's tasks wrote.
+    # no CPUs) is the split of the data by its definition (rayline/data/split.py: a hash of each
+    # row's values and the seed, computed here in pandas, no Ray): the same split sizes, and the
+    # same raw test rows, read from the data cache entry the cluster's tasks wrote.
     import json
 
     import pyarrow.parquet as pq
+    from sklearn.datasets import load_diabetes
 
-    from rayline.data import prepare_data
+    from rayline.data.split import TEST, Thresholds, row_hashes
+    from rayline.data.sources import feature_columns
     from rayline.spec import load_spec
 
+    data = load_spec(ROOT / "pipelines" / "diabetes-torch.yaml").data
+    frame = load_diabetes(as_frame=True).frame
+    hashes = row_hashes(frame, feature_columns(data, list(frame.columns)) + [data.label], data.split.seed)
+    thresholds = Thresholds(data.split.valid, data.split.test)
     (meta_file,) = list((ws / "data-cache").glob("*/meta.json"))
     meta = json.loads(meta_file.read_text())
-    here = prepare_data(load_spec(ROOT / "pipelines" / "diabetes-torch.yaml"))
-    assert meta["rows"] == here.rows, (meta["rows"], here.rows)
+    assert meta["rows"] == thresholds.counts(hashes), (meta["rows"], thresholds.counts(hashes))
     on_cluster = pq.read_table(meta_file.parent / "test_rows").to_pandas()
-    on_one_node = here.collect_test_rows()
+    on_one_node = frame[thresholds.mask(hashes, TEST)]
     key = list(on_one_node.columns)
     assert sorted(map(tuple, on_cluster[key].to_numpy().tolist())) == sorted(map(tuple, on_one_node[key].to_numpy().tolist()))
     print(f"multi-node run: {took:.0f} s from submit to served (workers placed {t_train - started:.0f} s, node killed "

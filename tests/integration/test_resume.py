@@ -115,9 +115,17 @@ def test_a_sweep_killed_then_interrupted_resumes_keeping_finished_trials(tmp_pat
     def trial_dirs() -> list[Path]:
         return [d for d in runs.glob("*/trial-*") if d.is_dir()]
 
+    # Tune numbers the trials in the order its generator draws them (_00000, _00001, ...): the long one's.
+    long_suffix = next(f"_{i:05d}" for i, c in enumerate(_expected_configs(parse_spec(raw)))
+                       if c["model.params.num_boost_round"] == ROUNDS[1])
+
     def short_finished_and_next_started() -> bool:
+        """... and the long trial is past its first checkpoint (on a loaded machine its Train run
+        starts up to a minute late, and the third trial can start before it checkpoints once)."""
         dirs = trial_dirs()
-        return len(dirs) >= 3 and any(max(_states(ws, d), default=-1) == ROUNDS[0] - 1 for d in dirs)
+        long_dirs = [d for d in dirs if d.name.endswith(long_suffix)]
+        return (len(dirs) >= 3 and any(max(_states(ws, d), default=-1) == ROUNDS[0] - 1 for d in dirs)
+                and any(max(_states(ws, d), default=-1) > 0 for d in long_dirs))
 
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     started = time.monotonic()

@@ -160,7 +160,7 @@ def test_every_router_replica_follows_the_split(digits, ws):
         wait_running([NAME])
         splits = [({one: 100}, one, None), ({one: 90, two: 10}, one, two), ({two: 100}, two, None),
                   ({one: 30, two: 70}, two, one)]
-        answered = 0
+        answered, per_version = 0, Counter()
         body = {"instances": [[0.0] * 64]}
         for revision, (weights, champion, canary) in enumerate(splits, start=1):
             table = {"model": NAME, "route": ROUTE, "weights": weights, "champion": champion, "canary": canary,
@@ -179,6 +179,7 @@ def test_every_router_replica_follows_the_split(digits, ws):
                 assert p.headers["x-rayline-version"] == p.json()["version"], (p.headers, p.text)
                 versions[p.json()["version"]] += 1
             answered += 2 * REQUESTS_PER_SPLIT
+            per_version.update(versions)
             assert seen == {(revision, tuple(sorted(weights.items())), canary): REQUESTS_PER_SPLIT}, (revision, seen)
             assert set(versions) <= set(weights), (weights, versions)
             if max(weights.values()) == 100:
@@ -189,6 +190,14 @@ def test_every_router_replica_follows_the_split(digits, ws):
             time.sleep(2)
         assert sum(counts.values()) == answered and len(counts) == 2, counts
         assert min(counts.values()) >= answered // 5, counts
+        # Each version's monitoring window is the merge of both replicas' (rayline/monitoring/live.py):
+        # every row it answered, whichever replica answered it.
+        for version, rows in per_version.items():
+            deadline = time.monotonic() + 20
+            while (window := httpx.get(f"http://127.0.0.1:{PORT}{ROUTE}/v/{version}/monitoring",
+                                       timeout=30).json())["window_rows"] != rows and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert window["window_rows"] == rows, (version, rows, window)
         _lose_a_replica_under_light_load(body)
     finally:
         _internal_kv_del(routing_key(NAME), namespace=KV_NAMESPACE)
