@@ -123,8 +123,7 @@ class MetricPartials:
         """Regression: the KLL sketch of the predicted values (None before any row)."""
         from datasketches import kll_doubles_sketch
 
-        predicted = getattr(self, "predicted", None)  # partials pickled before it existed have none
-        return None if predicted is None else kll_doubles_sketch.deserialize(predicted)
+        return None if self.predicted is None else kll_doubles_sketch.deserialize(self.predicted)
 
     # ------------------------------------------------------------ ROC AUC
 

@@ -109,6 +109,7 @@ def write_live_report(ws, model: str, versions: Optional[list[str]], output: Opt
     import time
 
     from rayline.monitoring.report import live_report_html
+    from rayline.report import make_reports_dir
     from rayline.report.page import write_html
     from rayline.serve.status import connect_existing
 
@@ -120,6 +121,7 @@ def write_live_report(ws, model: str, versions: Optional[list[str]], output: Opt
     finally:
         conn.shutdown()
     path = output or Path(ws.root) / "reports" / f"{model}-live-{time.strftime('%Y%m%d-%H%M%S')}.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if output is None:
+        make_reports_dir(path)
     write_html(text, path)
     return path, summaries

@@ -9,8 +9,8 @@ import os
 from rayline.errors import ClusterError
 from rayline.ports import free_port
 
-__all__ = ["train_env", "INGRESS_ENV", "INGRESS_CHOICES", "DEFAULT_INGRESS", "REPLICA_GRPC_LIMIT_ENV", "HAPROXY_RETRY_ON_ENV", "serve_env",
-           "quiet_ray", "quiet_driver_logs", "SINGLE_NODE_ENV", "loopback_env"]
+__all__ = ["train_env", "INGRESS_ENV", "INGRESS_CHOICES", "DEFAULT_INGRESS", "REPLICA_GRPC_LIMIT_ENV",
+           "HAPROXY_RETRY_ON_ENV", "serve_env", "quiet_ray", "quiet_driver_logs", "SINGLE_NODE_ENV", "loopback_env"]
 
 
 def quiet_ray() -> None:

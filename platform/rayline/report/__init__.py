@@ -26,6 +26,7 @@ __all__ = [
     "Trial",
     "default_path",
     "load_sweep",
+    "make_reports_dir",
     "open_store",
     "report_after_sweep",
     "write_report",
@@ -64,6 +65,15 @@ def open_store(ws):
     return Registry(ws)
 
 
+def make_reports_dir(path: Path) -> None:
+    """The folder of a report written to its default path in the workspace."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RaylineError(f"report: cannot create {path.parent}: {exc.strerror or exc} "
+                           "(allowed: a writable workspace, or --output FILE)") from exc
+
+
 def write_report(registry, target: str, output: str | os.PathLike | None = None) -> Report:
     """Write the report of sweep `target` (a pipeline run id, or a pipeline name: its newest
     run with tuning trials) to `output` (default: `default_path`)."""
@@ -74,11 +84,7 @@ def write_report(registry, target: str, output: str | os.PathLike | None = None)
     text, drawn = render_html(sweep)
     path = Path(output) if output is not None else default_path(registry.ws, sweep)
     if output is None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RaylineError(f"report: cannot create {path.parent}: {exc.strerror or exc} "
-                               "(allowed: a writable workspace, or --output FILE)") from exc
+        make_reports_dir(path)
     write_html(text, path)
     return Report(path=path, sweep=sweep, figures=drawn, bytes=len(text.encode("utf-8")), seconds=time.monotonic() - t0)
 
