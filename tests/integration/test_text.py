@@ -125,16 +125,28 @@ def test_the_version_keeps_its_training_statistics(text_run, ws, tickets):
 def test_batch_scoring_reports_the_drift_of_its_input(text_run, ws, tickets, tmp_path, engine):
     """Scored data drawn like the training data drifts nowhere; with the age shifted by two training
     standard deviations and half the channels replaced by one never seen, exactly those two
-    features are flagged (text has no statistics)."""
+    features are flagged (text has no statistics). The answers written are counted against the
+    version's predicted classes: one team's tickets leave the features alone and drift the answers."""
     from rayline import load_model
     from rayline.batch import score
 
-    frame = pd.read_csv(tickets).drop(columns=["team"]).sample(600, random_state=3)
+    whole = pd.read_csv(tickets)
+    frame = whole.drop(columns=["team"]).sample(600, random_state=3)
     plain = tmp_path / "plain.csv"
     frame.to_csv(plain, index=False)
     result = score(text_run.name, str(plain), str(tmp_path / "plain.parquet"), workspace=ws, engine=engine)
-    assert result.engine == engine and {d.name: d.level for d in result.drift} == {"channel": "ok",
-                                                                                     "account_age_days": "ok"}
+    assert result.engine == engine and {d.name: d.level for d in result.drift} == {
+        "channel": "ok", "account_age_days": "ok", "(prediction)": "ok"}, result.drift
+    answers = pd.read_parquet(tmp_path / "plain.parquet")["prediction"]
+    prediction = next(d for d in result.drift if d.name == "(prediction)")
+    assert prediction.rows == 600 and prediction.shares == pytest.approx(
+        [float((answers == team).mean()) for team in prediction.labels])  # every written answer, in its class
+    if engine == "local":  # one team's tickets: channel and age are drawn apart from the team
+        one_team = tmp_path / "one_team.csv"
+        whole[whole["team"] == whole["team"].iloc[0]].drop(columns=["team"]).to_csv(one_team, index=False)
+        result = score(text_run.name, str(one_team), str(tmp_path / "one_team.parquet"), workspace=ws, engine=engine)
+        assert {d.name: d.level for d in result.drift} == {"channel": "ok", "account_age_days": "ok",
+                                                           "(prediction)": "alert"}, result.drift
     std = load_model(text_run.name, text_run.version, workspace=str(ws.root)).statistics.features["account_age_days"].std
     shifted = frame.assign(account_age_days=frame["account_age_days"] + 2 * std)
     shifted.loc[shifted.index[:300], "channel"] = "fax"
@@ -151,7 +163,7 @@ def test_batch_scoring_reports_the_drift_of_its_input(text_run, ws, tickets, tmp
                                str(page), "--workspace", str(ws.root)], capture_output=True, text=True, timeout=300,
                               cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "2 of 2 features drifted" in done.stdout
+        assert re.search(r"\b[23] of 3 features drifted", done.stdout), done.stdout  # the answers are the third
         assert "unseen categories 50.0% > 5.0%" in done.stdout and "account_age_days" in done.stdout
         # the page: one panel per feature, training beside scored shares (the figure's JSON)
         import json
@@ -160,7 +172,7 @@ def test_batch_scoring_reports_the_drift_of_its_input(text_run, ws, tickets, tmp
 
         soup = BeautifulSoup(page.read_text(), "html.parser")
         panels = {s["data-feature"]: s for s in soup.select("section.feature")}
-        assert set(panels) == {"channel", "account_age_days"}
+        assert set(panels) == {"channel", "account_age_days", "(prediction)"}
         channel = json.loads(panels["channel"].select_one("script[data-figure]").string)
         assert [t["name"] for t in channel["data"]] == ["training", "scored"]
         assert channel["data"][0]["x"][-1] == "(unseen)" and channel["data"][1]["y"][-1] == pytest.approx(0.5)

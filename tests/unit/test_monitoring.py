@@ -88,6 +88,59 @@ def test_psi_on_known_distributions():
     assert psi(hist(train), hist(rng.normal(2, 1, 5_000))) > 1.0  # shifted by two standard deviations
 
 
+def test_noise_psi_is_the_chi_square_quantile_and_small_samples_of_one_distribution_stay_unflagged():
+    """Two samples of one distribution reach a PSI of 0.1 often when one is small (a few hundred
+    test rows as the prediction reference); a PSI counts only above the noise level, which is
+    scipy's chi-square quantile over the effective sample size, and a real shift still alerts."""
+    from scipy.stats import chi2
+
+    from rayline.monitoring.drift import NOISE_ODDS, noise_psi
+
+    for bins, n, m in ((3, 500, 500), (5, 180, 2000), (10, 360, 600), (31, 10_000, 10_000)):
+        exact = chi2.ppf(1 - 1 / NOISE_ODDS, bins - 1) * (n + m) / (n * m)
+        assert noise_psi(np.full(bins, n / bins), np.full(bins, m / bins)) == pytest.approx(exact, rel=0.03)
+    assert noise_psi([0, 10], [0, 10]) == 0.0  # one bin in use: nothing can drift
+
+    stats = _statistics(_frame())
+    classes = np.full(10, 0.1)
+    rng = np.random.default_rng(8)
+    raw = flagged = 0
+    for _ in range(300):
+        stats.predictions = {"labels": list(range(10)), "counts": rng.multinomial(180, classes).tolist()}
+        counts = FeatureCounts(rows=2000).add_predictions(rng.choice(10, 2000), 10)
+        (prediction,) = [d for d in drift(stats, counts) if d.name == "(prediction)"]
+        raw += prediction.psi >= 0.1
+        flagged += prediction.level != "ok"
+    assert raw >= 10 and flagged <= 3, (raw, flagged)  # ~7% of such windows reach 0.1; ~0.2% beyond the noise
+    # a class that goes from 10% to 40% of the answers is no noise, at the same sizes (PSI ~0.54;
+    # the noise level is ~0.17: 180 reference rows cannot tell a shift to 25% from noise)
+    stats.predictions = {"labels": list(range(10)), "counts": [18] * 10}
+    shifted = rng.choice(10, 2000, p=np.r_[0.4, np.full(9, 0.6 / 9)])
+    (prediction,) = [d for d in drift(stats, FeatureCounts(rows=2000).add_predictions(shifted, 10))
+                     if d.name == "(prediction)"]
+    assert prediction.level == "alert" and prediction.psi > prediction.noise_psi, prediction
+
+
+def test_written_answers_count_into_the_prediction_reference():
+    """Batch scoring counts its output column: class labels by the reference's labels (whatever
+    numeric type carries them), values by the reference's bin edges; missing answers are left out."""
+    from rayline.monitoring.drift import answer_bins
+
+    stats = _statistics(_frame())
+    assert answer_bins(stats, np.array([1, 2])) is None  # no reference: nothing to count
+    stats.predictions = {"labels": [0, 1, 2], "counts": [5, 5, 5]}
+    ids, bins = answer_bins(stats, np.array([2, 0, 2, 1], dtype=np.int64))
+    assert bins == 3 and ids.tolist() == [2, 0, 2, 1]
+    ids, _ = answer_bins(stats, np.array([2.0, 1.0, None], dtype=object))
+    assert ids.tolist() == [2, 1]
+    stats.predictions = {"labels": ["bug", "billing"], "counts": [5, 5]}
+    ids, bins = answer_bins(stats, np.array(["billing", "billing", "bug"], dtype=object))
+    assert bins == 2 and ids.tolist() == [1, 1, 0]
+    stats.predictions = {"edges": [10.0, 20.0], "counts": [1, 1, 1]}
+    ids, bins = answer_bins(stats, np.array([5.0, 10.0, 25.0, np.nan]))
+    assert bins == 3 and ids.tolist() == [0, 1, 2]
+
+
 def test_counts_merge_as_one_count_and_drift_names_the_shifted_and_the_unseen():
     frame = _frame()
     stats = _statistics(frame)

@@ -173,7 +173,8 @@ def score(name: str, input_path: str, output: str, *, version: str | None = None
     if chosen == "local":
         with atomic_path(out) as tmp:
             rows, kept, counts = score_locally(name, mv.version, ws, fmt, files, schema, features, keep, where,
-                                               out_columns, probabilities, tmp, progress, base_of(str(input_path)))
+                                               out_columns, probabilities, tmp, progress, base_of(str(input_path)),
+                                               statistics)
         return ScoreResult(output=str(out), rows=rows, seconds=time.monotonic() - started, model=name,
                            version=mv.version, columns=kept + out_columns, engine="local",
                            drift=_drift(statistics, counts))

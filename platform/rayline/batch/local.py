@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rayline.batch.scorer import WRITE_ROWS, Scorer, check_columns, parquet_rows, write_tables
+from rayline.batch.scorer import WRITE_ROWS, CountAnswers, Scorer, check_columns, parquet_rows, write_tables
 from rayline.errors import DataError
 
 __all__ = ["LOCAL_READ_AHEAD", "LOCAL_CSV_BLOCK", "score_locally", "ReadAhead"]
@@ -20,9 +20,11 @@ LOCAL_CSV_BLOCK = 16 * 2**20
 
 
 def score_locally(name, version, ws, fmt, files, schema, features, keep, where, out_columns, probabilities,
-                   tmp: Path, progress, image_base: str | None = None) -> tuple[int, list[str], object]:
+                   tmp: Path, progress, image_base: str | None = None,
+                   statistics: dict | None = None) -> tuple[int, list[str], object]:
     """Read, score and write `tmp` in this process: (rows written, input columns kept, drift counts
-    or None: rayline/monitoring); image file paths in the input resolve against `image_base`."""
+    of the input and the answers against the version's training `statistics`, or None:
+    rayline/monitoring); image file paths in the input resolve against `image_base`."""
     kept = check_columns(list(schema.names), features, keep, where, out_columns)
     scorer = Scorer(name, version, ws.location, ws.tracking_uri_override, probabilities, kept, image_base,
                     count_drift=True)
@@ -30,8 +32,9 @@ def score_locally(name, version, ws, fmt, files, schema, features, keep, where, 
     total = parquet_rows(files) if fmt == "parquet" else None
     batches = ReadAhead(_local_batches(fmt, files, columns), LOCAL_READ_AHEAD)
     try:
-        rows = write_tables((scorer(batch.to_pandas()) for batch in batches), tmp, total, progress)
-        return rows, kept, scorer.counts
+        answers = CountAnswers(statistics)
+        rows = write_tables(answers.through(scorer(batch.to_pandas()) for batch in batches), tmp, total, progress)
+        return rows, kept, answers.into(scorer.counts)
     finally:
         batches.close()
 

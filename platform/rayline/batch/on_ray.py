@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rayline.batch.scorer import (BATCH_ROWS, WRITE_ROWS, Scorer, Source, check_columns, is_ray_error, parquet_rows,
-                                  unwrap, write_tables)
+from rayline.batch.scorer import (BATCH_ROWS, WRITE_ROWS, CountAnswers, Scorer, Source, check_columns, is_ray_error,
+                                  parquet_rows, unwrap, write_tables)
 from rayline.errors import DataError, ResourceError
 
 __all__ = ["ROW_GROUP_READ_CPUS", "OBJECT_STORE_BUDGET", "plan_scorers", "score_on_ray"]
@@ -43,7 +43,8 @@ def plan_scorers(available_cpus: float, read_cpus: float = 1.0) -> tuple[int, fl
 def score_on_ray(name, version, ws, fmt, files, input_path, schema, features, keep, where, out_columns,
                   probabilities, tmp: Path, progress, statistics: dict | None = None) -> tuple[int, list[str], object]:
     """Read, score on a pool of actors and write `tmp`: (rows written, input columns kept, drift
-    counts against the version's training `statistics` (a dict: rayline/monitoring), or None).
+    counts of the input and the answers against the version's training `statistics` (a dict:
+    rayline/monitoring), or None).
 
     A function of its own so that its Datasets die with its frame: `score` raises a failure from
     its own frame, which the caller's traceback keeps, and must hold no handle on the scorers."""
@@ -83,8 +84,9 @@ def score_on_ray(name, version, ws, fmt, files, input_path, schema, features, ke
                                    "tracking_uri": ws.tracking_uri_override, "probabilities": probabilities,
                                    "keep": kept, "image_base": base_of(input_path)})
         total = parquet_rows(files) if fmt == "parquet" else None
-        rows = _write(scored, tmp, total, progress, unwrap)
-        counts = _drift_counts(ds, names, statistics) if statistics is not None else None
+        answers = CountAnswers(statistics)
+        rows = _write(scored, tmp, total, progress, unwrap, answers)
+        counts = answers.into(_drift_counts(ds, names, statistics) if statistics is not None else None)
     finally:
         ctx.execution_options.preserve_order, ctx.use_datasource_v2 = saved_order, saved_v2
         ctx.execution_options.resource_limits = saved_limits
@@ -157,11 +159,12 @@ def _free_cpus(needed: float, wait_s: float = 10.0) -> float:
         time.sleep(0.2)
 
 
-def _write(ds, tmp: Path, total: int | None, progress, unwrap) -> int:
-    """Ray Data's scored batches into `tmp`; Ray's errors as our one-line DataError."""
+def _write(ds, tmp: Path, total: int | None, progress, unwrap, answers: CountAnswers) -> int:
+    """Ray Data's scored batches into `tmp`, their answers counted; Ray's errors as our one-line
+    DataError."""
     try:
-        return write_tables(ds.iter_batches(batch_size=WRITE_ROWS, batch_format="pyarrow", prefetch_batches=1),
-                             tmp, total, progress)
+        batches = ds.iter_batches(batch_size=WRITE_ROWS, batch_format="pyarrow", prefetch_batches=1)
+        return write_tables(answers.through(batches), tmp, total, progress)
     except DataError:
         raise
     except Exception as exc:

@@ -10,7 +10,7 @@ from pathlib import Path
 from rayline.client import PREDICTION_COLUMN, probability_column
 from rayline.errors import DataError, RegistryError
 
-__all__ = ["OUTPUT_SUFFIXES", "BATCH_ROWS", "WRITE_ROWS", "Source", "Scorer", "CountDrift",
+__all__ = ["OUTPUT_SUFFIXES", "BATCH_ROWS", "WRITE_ROWS", "Source", "Scorer", "CountDrift", "CountAnswers",
            "check_columns", "parquet_rows", "unwrap", "is_ray_error", "model_meta", "model_statistics",
            "write_tables"]
 
@@ -50,6 +50,41 @@ class CountDrift:
 
         counts = FeatureCounts.of_frame(TrainingStatistics.from_dict(self.statistics_dict), batch)
         return {"counts": [pickle.dumps(counts)]}
+
+
+class CountAnswers:
+    """Counts the answers written, table by table on the driver, into the version's prediction
+    reference (rayline/monitoring): both engines write every scored table from this process, so
+    prediction drift needs no pass of its own."""
+
+    def __init__(self, statistics_dict: dict | None):
+        from rayline.monitoring.statistics import TrainingStatistics
+
+        self.statistics = TrainingStatistics.from_dict(statistics_dict) if statistics_dict is not None else None
+        self.counts = None  # FeatureCounts holding only `predictions`, once an answer is counted
+
+    def through(self, tables):
+        """`tables`, unchanged, counted as they pass."""
+        for table in tables:
+            self._count(table)
+            yield table
+
+    def _count(self, table) -> None:
+        from rayline.monitoring.drift import FeatureCounts, answer_bins
+
+        if self.statistics is None or self.statistics.predictions is None:
+            return
+        binned = answer_bins(self.statistics, table.column(PREDICTION_COLUMN).to_numpy(zero_copy_only=False))
+        self.counts = (self.counts or FeatureCounts()).add_predictions(*binned)
+
+    def into(self, counts):
+        """Feature `counts` (or None) with the answers' counts added."""
+        if self.counts is None:
+            return counts
+        if counts is None:
+            return self.counts
+        counts.predictions = self.counts.predictions
+        return counts
 
 
 class Scorer:
