@@ -1,5 +1,6 @@
-"""Model monitoring: training statistics saved with every version, and drift of scored data
-against them (issue 26: batch scoring's summary; live windows on the replicas are next)."""
+"""Model monitoring: training statistics saved with every version (statistics.py), and the drift of
+scored data and answers against them (drift.py): batch scoring's summary, the replicas' live
+windows (live.py) and the HTML drift pages (report.py)."""
 
 from rayline.monitoring.drift import PSI_FLOOR, FeatureCounts, FeatureDrift, Thresholds, drift, psi
 from rayline.monitoring.statistics import BINS, STATISTICS_FILE, CategoricalStats, NumericStats, TrainingStatistics
