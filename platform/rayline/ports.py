@@ -5,7 +5,10 @@ from __future__ import annotations
 import errno
 import socket
 
-__all__ = ["port_holder", "free_port"]
+__all__ = ["port_holder", "free_port", "listen_port", "ephemeral_range"]
+
+# Ray's worker processes listen on 10002-19999 (its min/max_worker_port defaults).
+_ABOVE_RAY_WORKERS = 20000
 
 
 def _describe_listener(port: int) -> str:
@@ -50,3 +53,35 @@ def free_port(host: str = "127.0.0.1", preferred: int | None = None) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host or "0.0.0.0", 0))
         return sock.getsockname()[1]
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """(first, last) port the OS hands to outgoing connections (Linux's ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            first, last = (int(v) for v in fh.read().split())
+            return first, last
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def listen_port(host: str = "0.0.0.0", attempts: int = 200) -> int:
+    """A port free now that stays free until a server binds it later (minutes later: HAProxy's
+    stats and metrics ports are chosen when Ray starts and bound when Serve does).
+
+    `free_port` asks the OS for a port from its ephemeral range, the range it also hands to
+    every outgoing connection: on a busy machine one of them took such a port before HAProxy
+    bound it ("cannot bind socket (Address already in use) for [0.0.0.0:43777]", a second Ray
+    beside the test session's). So a random free port between Ray's worker ports and that
+    range, which nothing takes without asking for it; `free_port` when there is no such range.
+    """
+    import random
+
+    first, last = ephemeral_range()
+    low, high = (_ABOVE_RAY_WORKERS, first) if first > _ABOVE_RAY_WORKERS + 1000 else (last + 1, 65536)
+    pick = random.SystemRandom()
+    for _ in range(attempts if high - low > 1000 else 0):
+        port = pick.randrange(low, high)
+        if port_holder(host, port) is None:
+            return port
+    return free_port(host)

@@ -44,3 +44,24 @@ def test_orphan_checkpoint_of_a_dead_attempt_is_ignored(tmp_path):
 def test_no_checkpoint_is_a_training_error(tmp_path):
     with pytest.raises(TrainingError, match="no checkpoint with metric 'accuracy'"):
         locate_best(str(tmp_path), "accuracy", "max")
+
+
+def test_an_unreadable_snapshot_is_set_aside_and_the_run_goes_on_from_its_newest_checkpoint(tmp_path):
+    """Ray Train writes its snapshot in place: a run interrupted mid-write left it empty, and its
+    resume failed inside Train's controller. It is renamed aside; the newest checkpoint whose
+    state reads is where the run goes on (one being written, with no state file, is not)."""
+    from rayline.train.run import set_aside_unreadable_snapshot
+
+    assert set_aside_unreadable_snapshot(str(tmp_path / "fresh-run")) is None  # no run yet
+    _checkpoint(tmp_path, "checkpoint_a", epoch=3, accuracy=0.9)
+    _checkpoint(tmp_path, "checkpoint_b", epoch=5, accuracy=0.8)
+    (tmp_path / "checkpoint_c").mkdir()  # being written when the run stopped: no state file
+    _snapshot(tmp_path, ["checkpoint_a", "checkpoint_b"])
+    assert set_aside_unreadable_snapshot(str(tmp_path)) is None  # a snapshot that reads is Train's to restore
+    assert (tmp_path / "checkpoint_manager_snapshot.json").is_file()
+
+    (tmp_path / "checkpoint_manager_snapshot.json").write_text("")  # what the interrupted write left
+    newest = set_aside_unreadable_snapshot(str(tmp_path))
+    assert newest == str(tmp_path / "checkpoint_b")
+    assert not (tmp_path / "checkpoint_manager_snapshot.json").exists()
+    assert (tmp_path / "checkpoint_manager_snapshot.json.unreadable").read_text() == ""

@@ -77,7 +77,7 @@ def test_serve_env_haproxy_is_private_to_each_ray(monkeypatch):
     from rayline.cluster.env import serve_env
 
     monkeypatch.delenv("RAYLINE_SERVE_INGRESS", raising=False)
-    for key in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_ENABLE_HA_PROXY",
+    for key in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_ENABLE_HA_PROXY",
                 "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"):
         monkeypatch.delenv(key, raising=False)
     a, b = serve_env(), serve_env()
@@ -86,6 +86,15 @@ def test_serve_env_haproxy_is_private_to_each_ray(monkeypatch):
     # Ray puts a 56-character node id below the directory; HAProxy allows 97 characters.
     assert len(a["RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"]) + 57 <= 97
     assert a["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "2"  # not Ray's 30 s per serve.delete
+    # HAProxy binds its stats and metrics ports when Serve starts, maybe minutes later: they lie
+    # outside the range the OS hands to outgoing connections (one took such a port meanwhile)
+    # and above Ray's worker ports, and are free now.
+    from rayline.ports import ephemeral_range, port_holder
+
+    first, last = ephemeral_range()
+    ports = [int(env[k]) for env in (a, b) for k in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")]
+    assert all(20000 <= p < first or p > last for p in ports), (ports, first, last)
+    assert len(set(ports)) == 4 and all(port_holder("0.0.0.0", p) is None for p in ports)
 
 
 def test_serve_env_proxy_and_bad_choice(monkeypatch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from rayline.errors import ClusterError
-from rayline.ports import free_port
+from rayline.ports import listen_port
 
 __all__ = ["train_env", "INGRESS_ENV", "INGRESS_CHOICES", "DEFAULT_INGRESS", "REPLICA_GRPC_LIMIT_ENV",
            "HAPROXY_RETRY_ON_ENV", "serve_env", "quiet_ray", "quiet_driver_logs", "SINGLE_NODE_ENV", "loopback_env"]
@@ -108,8 +108,9 @@ def serve_env(ingress: str | None = None, state_dir: str | None = None) -> dict[
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": state,
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(state, "server-state"),
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": os.path.join(state, "metrics.sock"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        # Bound when Serve starts, maybe minutes from now: ports no outgoing connection can take meanwhile.
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(listen_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(listen_port()),
         # A stopping ingress replica stays open this long so load balancers can deregister it
         # (Ray's default 30 s: every serve.delete, and Ctrl-C of `rayline run`, took 31 s per
         # app). The HAProxy rayline starts is told by the controller within ~0.5 s.

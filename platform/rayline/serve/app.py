@@ -43,6 +43,9 @@ class ModelServer:
         registry = Registry(make_workspace(workspace, tracking_uri))
         mv = registry.resolve(name, version)
         self.version = mv.version
+        from rayline.serve.app_models import record_app_model
+
+        record_app_model(name, mv.version)  # for `serve status`, before any request's metrics are exported
         self.predictor = Predictor(registry.download(mv), version=mv.version)
         settings = dict(settings)
         self.delay_s = float(settings.pop("debug_infer_delay_s", 0.0) or 0.0)  # test-only, see serve/stack.py

@@ -160,6 +160,13 @@ def gather_status(name: Optional[str] = None, *, with_metrics: bool = True, ws=N
             if args.get("name"):
                 status.model = status.model or args["name"]
                 status.versions = [str(args.get("version") or "latest")]
+        if not status.versions:
+            from rayline.serve.app_models import app_model
+
+            recorded = app_model(app_name)  # what its replicas load, before any metrics export
+            if recorded:
+                status.model = status.model or recorded["model"]
+                status.versions = [recorded["version"]]
         if f"{app_name}-router" in (details.get("deployments") or {}):
             from rayline.serve.routing_table import rollout_state
 

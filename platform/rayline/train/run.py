@@ -13,8 +13,8 @@ from rayline.train.backend import load_backend
 from rayline.storage import join, list_names, read_json
 from rayline.train.loop import STREAMED, read_state
 
-__all__ = ["TrainResult", "train", "scaling_config", "loop_config", "locate_best", "checkpoint_keep",
-           "START_RETRIES", "START_TIMEOUT_ENV"]
+__all__ = ["TrainResult", "train", "scaling_config", "loop_config", "locate_best", "set_aside_unreadable_snapshot",
+           "checkpoint_keep", "START_RETRIES", "START_TIMEOUT_ENV"]
 
 # Keep the best checkpoint by the metric plus the latest (Ray Train never deletes the
 # latest: resume needs it). Older, worse checkpoints are removed as training goes.
@@ -115,6 +115,9 @@ def train(
     )
     scaling = scaling_config(spec, plan)
     config = loop_config(spec, data, plan, list(search_paths))
+    newest = set_aside_unreadable_snapshot(join(storage_path, run_name))
+    if newest is not None:  # the run's record was lost mid-write: it goes on from its newest checkpoint
+        initial_checkpoint = newest
     if initial_checkpoint:
         config["initial_checkpoint"] = initial_checkpoint  # Train V2 has no resume_from_checkpoint: the loop reads it
     trainer = backend.make_trainer(
@@ -266,6 +269,26 @@ def locate_best(run_dir: str, metric: str, mode: str) -> TrainResult:
 
 
 _SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of registered checkpoints
+
+
+def set_aside_unreadable_snapshot(run_dir: str) -> str | None:
+    """Ray Train V2 writes its checkpoint manager's snapshot in place, not through a temporary
+    file: a run interrupted while writing it left an empty file, and resuming the run then failed
+    inside Train's controller ("CheckpointManagerInitializationError: Expecting value: line 1
+    column 1"). Such a snapshot is renamed aside (SNAPSHOT + ".unreadable", kept for a look) and
+    the run's newest complete checkpoint (one whose rayline state file reads) is returned, for the
+    run to go on from as its initial checkpoint; None when the snapshot reads, or there is none."""
+    from rayline.storage import exists, filesystem
+
+    location = join(run_dir, _SNAPSHOT)
+    if not exists(location) or read_json(location) is not None:
+        return None
+    fs, path = filesystem(location)
+    fs.move(path, path + ".unreadable")
+    states = [(ckpt, read_state(ckpt)) for ckpt in (join(run_dir, n) for n in list_names(run_dir)
+                                                     if n.startswith("checkpoint_"))]
+    complete = [(ckpt, state) for ckpt, state in states if state and "epoch" in state]
+    return max(complete, key=lambda c: c[1]["epoch"])[0] if complete else None
 
 
 def _registered_checkpoints(run_dir: str) -> list[str]:
