@@ -359,6 +359,12 @@ def test_cli_status_joins_the_running_cluster(keyfile_app, digits, tmp_path):
     assert proc.returncode == 0, proc.stderr
     (app,) = json.loads(proc.stdout)["applications"]
     assert (app["name"], app["model"], app["versions"], app["status"]) == (FILE_APP, "digits", [digits.version], "RUNNING")
+    # Without the metrics export (Ray's labels arrive every 10 s, later under load): the replicas'
+    # own record of what they load (serve/app_models.py) names them.
+    from rayline.serve.status import gather_status
+
+    (status,) = gather_status(FILE_APP, with_metrics=False).applications
+    assert (status.model, status.versions) == ("digits", [digits.version])
     proc = _cli("nope", "--address", address, "-w", str(tmp_path))
     assert proc.returncode == 1 and "no Serve application named 'nope'" in proc.stderr
 
