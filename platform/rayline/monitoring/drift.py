@@ -15,8 +15,8 @@ Thresholds (`Thresholds`) flag a feature as warn or alert; 0.1 and 0.25 are the 
 PSI also grows with sampling noise alone: two samples of the same distribution, n and m rows in k
 bins, give n*m/(n+m) * PSI ~ chi-square with k - 1 degrees of freedom (PSI is, to second order,
 the two-sample chi-square statistic divided by that effective size). With a small reference (a
-held-out split of a few hundred rows) or a small batch, that is 0.05-0.1 on its own: 180 test
-rows of digits against 2,000 requests from the same data gave a prediction PSI of 0.107, a warn.
+held-out split of a few hundred rows) or a small batch, that is 0.05-0.1 on its own: digits' 360
+test rows against 600 requests drawn like the data gave a prediction PSI of 0.107, a warn.
 So a PSI level counts only above `noise_psi`, the PSI that noise reaches once in NOISE_ODDS at
 these sample sizes; on the window's 10,000 rows against a large training split that is ~0.003
 and changes nothing.
@@ -30,8 +30,8 @@ import numpy as np
 
 from rayline.monitoring.statistics import TrainingStatistics
 
-__all__ = ["PSI_FLOOR", "NOISE_ODDS", "PREDICTION", "Thresholds", "FeatureCounts", "FeatureDrift", "psi", "noise_psi", "drift", "prediction_bins",
-           "answer_bins"]
+__all__ = ["PSI_FLOOR", "NOISE_ODDS", "PREDICTION", "Thresholds", "FeatureCounts", "FeatureDrift", "psi", "noise_psi",
+           "drift", "prediction_bins", "answer_bins"]
 
 PSI_FLOOR = 1e-4
 PREDICTION = "(prediction)"  # the name prediction drift is reported under, beside the features
