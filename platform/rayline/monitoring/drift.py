@@ -158,7 +158,12 @@ def prediction_bins(statistics: TrainingStatistics, outputs) -> tuple[np.ndarray
     out = np.asarray(outputs, dtype=np.float64)
     if "labels" in reference:  # classification: the predicted class
         return out.reshape(len(out), -1).argmax(axis=1), len(reference["labels"])
-    values = out.reshape(-1)
+    return _value_bins(reference, out)
+
+
+def _value_bins(reference: dict, values) -> tuple[np.ndarray, int]:
+    """Regression answers by the reference's bins (edges at its deciles); NaN and inf left out."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
     values = values[np.isfinite(values)]
     return np.searchsorted(np.asarray(reference["edges"]), values, side="right"), len(reference["edges"]) + 1
 
@@ -182,9 +187,7 @@ def answer_bins(statistics: TrainingStatistics, answers) -> tuple[np.ndarray, in
         lookup = np.array([index.get(value_key(u), -1) for u in uniques] + [-1], dtype=np.int64)
         ids = lookup[codes]  # a missing answer's code, -1, picks the trailing -1
         return ids[ids >= 0], len(reference["labels"])
-    values = np.asarray(answers, dtype=np.float64).reshape(-1)
-    values = values[np.isfinite(values)]
-    return np.searchsorted(np.asarray(reference["edges"]), values, side="right"), len(reference["edges"]) + 1
+    return _value_bins(reference, answers)
 
 
 def _category_counts(stats, column) -> np.ndarray:

@@ -281,12 +281,12 @@ def set_aside_unreadable_snapshot(run_dir: str) -> str | None:
     from rayline.storage import exists, filesystem
 
     location = join(run_dir, _SNAPSHOT)
-    if not exists(location) or read_json(location) is not None:
+    if read_json(location) is not None or not exists(location):  # one read for a snapshot that reads
         return None
     fs, path = filesystem(location)
     fs.move(path, path + ".unreadable")
-    states = [(ckpt, read_state(ckpt)) for ckpt in (join(run_dir, n) for n in list_names(run_dir)
-                                                     if n.startswith("checkpoint_"))]
+    # With no snapshot, every checkpoint_* of the run (the registered ones' fallback scan).
+    states = [(ckpt, read_state(ckpt)) for ckpt in _registered_checkpoints(run_dir)]
     complete = [(ckpt, state) for ckpt, state in states if state and "epoch" in state]
     return max(complete, key=lambda c: c[1]["epoch"])[0] if complete else None
 
