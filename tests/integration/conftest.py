@@ -25,6 +25,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # took 34-36 min with a quarter of the CPU idle (Ray's start-ups, polls and health checks); two lanes: 25-27 min then, 29-30 min at 889 tests, 22.5 min at 944 after the one-pass data stage (2026-11-25).
 SESSION_LANE, OWN_PROCESSES_LANE = "session-ray", "own-processes"
 
+# Ray exports metrics (Serve's and rayline's request counters, read by `rayline serve status`, the
+# canary gate and /metrics tests) every 10 s by default; tests waited for that export. Every Ray the
+# suite starts (the session's, `ray start` heads, `rayline run` subprocesses) inherits this.
+os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
+
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(items):

@@ -15,6 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.cli import rayline
+
 from .conftest import ROOT, ensure_served
 from .test_predict_cli import _one_line_error
 
@@ -48,7 +50,11 @@ def predictor(digits, ws):
     return rayline.load_model("digits", digits.version, workspace=str(ws.root))
 
 
-def _cli(*args, timeout=180):
+def _cli(*args, timeout=180, in_process=True):
+    """`rayline predict ARGS`: in this process (tests/cli.py; a command needing Ray joins the session's),
+    or with in_process=False in a process of its own with no cluster configured, as a user runs it."""
+    if in_process:
+        return rayline("predict", *args, cwd=ROOT, extra_env={"COLUMNS": "1000"})
     return subprocess.run([sys.executable, "-m", "rayline.cli", "predict", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
                                                           "COLUMNS": "1000"})
@@ -119,14 +125,16 @@ def test_a_failure_mid_dataset_leaves_no_output_and_keeps_an_existing_one(digits
 
 
 @pytest.mark.parametrize("engine", ["auto", "ray"])
-def test_cli_scores_a_directory_in_a_subprocess_with_progress_lines(digits, ws, frame, predictor, tmp_path, engine):
-    """`auto` with no cluster configured (the subprocess has no RAY_ADDRESS) scores in the CLI's
-    own process; `--engine ray` starts an embedded Ray with Ray Data's actors. Same output."""
+def test_cli_scores_a_directory_with_progress_lines(digits, ws, frame, predictor, tmp_path, engine):
+    """`auto` in a subprocess with no cluster configured (no RAY_ADDRESS) scores in the CLI's own
+    process; `--engine ray` (in this process) scores with Ray Data's actors on the session's Ray, as it
+    would on any Ray it joins. Same output."""
     (tmp_path / "in").mkdir()
     for i in range(2):
         frame.iloc[i * 1_000:(i + 1) * 1_000].to_csv(tmp_path / "in" / f"part-{i}.csv", index=False)
     out = tmp_path / "scores.parquet"
-    proc = _cli("digits", "--input", str(tmp_path / "in"), "--output", str(out), "-w", str(ws.root), "--engine", engine)
+    proc = _cli("digits", "--input", str(tmp_path / "in"), "--output", str(out), "-w", str(ws.root), "--engine", engine,
+                in_process=engine != "auto")
     assert proc.returncode == 0, proc.stderr
     where = "in this process" if engine == "auto" else "on Ray"
     assert proc.stdout.startswith(f"wrote 2,000 rows to {out} (model digits v{digits.version}, {where}; "), proc.stdout

@@ -4,9 +4,10 @@ a head listens on loopback only unless --host 0.0.0.0 is asked for (warned about
 `down` leaves no process of it, a `ray start` that times out or is interrupted leaves nothing,
 and deploying prints where Serve really listens or names the process holding the port.
 
-Runs before the other integration modules (file order) and never touches the session's
-embedded Ray: while two Ray instances share a machine, Ray's state API refuses to pick one,
-so each head here is up only while nothing else trains.
+Runs in the own-processes lane, beside the session-Ray lane's embedded Ray, and never touches
+it: the heads here have ports of their own (below), and every embedded Ray (the session's, a
+`rayline run`'s) pins its state API address (rayline.cluster.connection.pin_state_api), without
+which Ray's state API refuses to pick one of two Rays on a machine.
 """
 
 import json

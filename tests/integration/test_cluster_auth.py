@@ -14,6 +14,7 @@ auth, and the token file reaches the token cluster's Jobs API; and a client with
 against the token cluster gets one line naming the variables to set.
 """
 
+import json
 import os
 import secrets
 import subprocess
@@ -103,13 +104,23 @@ def test_run_with_address_trains_and_registers(cluster):
 def test_jobs_api_gets_the_token_only_where_required(cluster):
     """Without token auth: `rayline submit --follow` (the driver in a job on the head, the client on
     the Jobs API only, no token sent) trains and registers. With it: the client's token file reaches
-    the Jobs API (`jobs list` answers; a client without one is refused, below). The whole submit to a
+    the Jobs API (`jobs list` lists a job only an authenticated caller sees; a client without one is
+    refused, below). The whole submit to a
     token head, with the client's token from ~/.ray/auth_token and no RAY_AUTH_* variable, is
     test_submit.py's (its job's driver runs on the head with the cluster's own token, as here); a
     second one here cost the suite ~70 s."""
     if cluster["mode"] == "token":
-        jobs, _ = _client(cluster, "jobs", "list", "--address", cluster["cluster"].dashboard, timeout=120)
+        # A job only an authenticated caller can see: submitted with the cluster's token over Ray's own
+        # Jobs REST API, then listed by `rayline jobs list` with nothing but the client's token file.
+        import httpx
+
+        job_id = "rl-auth-" + secrets.token_hex(4)
+        submitted = httpx.post(f"{cluster['cluster'].dashboard}/api/jobs/", json={"entrypoint": "true", "submission_id": job_id},
+                               headers=cluster["cluster"].headers(), timeout=60)
+        assert submitted.status_code == 200, submitted.text
+        jobs, _ = _client(cluster, "jobs", "list", "--address", cluster["cluster"].dashboard, "-o", "json", timeout=120)
         assert jobs.returncode == 0 and "error" not in jobs.stderr, jobs.stdout + jobs.stderr
+        assert job_id in [job["job"] for job in json.loads(jobs.stdout)], jobs.stdout
         return
     ws = cluster["root"] / "ws-job"
     proc, took = _client(cluster, "submit", "iris.yaml", "--address", cluster["cluster"].dashboard, "--no-serve",

@@ -55,7 +55,11 @@ def test_csv_pipeline_serves_string_labels(churn):
     body = httpx.post(f"{summary.endpoint}/predict", json={"instances": [GOOD, {**GOOD, "tenure": None}], "probabilities": True}, timeout=60).json()
     assert all(p in ("no", "yes") for p in body["predictions"])
     assert set(body["probabilities"][0]) == {"no", "yes"} and sum(body["probabilities"][0].values()) == pytest.approx(1.0, abs=1e-5)
-    assert summary.test_metrics["accuracy"] > 0.7
+    # It learned: answering the majority class ("no", about 75% of the rows) everywhere scores that
+    # share in accuracy and a macro F1 near 0.43; the label is nearly separable (noise 0.3 on the score).
+    majority = (_churn_frame()["churn"] == "no").mean()
+    assert summary.test_metrics["accuracy"] > majority + 0.08, (majority, summary.test_metrics)
+    assert summary.test_metrics["f1"] > 0.75, summary.test_metrics
 
 
 @pytest.mark.parametrize("row, field", [

@@ -1,14 +1,14 @@
 """The digits pipeline end to end: tune -> register -> serve, queried over real HTTP."""
 
 import json
-import subprocess
-import sys
 
 import httpx
 import numpy as np
 import pandas as pd
 import pandas.testing as pd_testing
 import pytest
+
+from tests.cli import rayline
 
 from .conftest import PORT, ROOT, ensure_served
 
@@ -234,7 +234,8 @@ def test_health_metadata_and_docs(digits):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    """The CLI in this process (tests/cli.py); its own process is tested in test_client.py and test_lineage.py."""
+    return rayline(*args, cwd=ROOT)
 
 
 def test_cli_predict_and_models(digits, ws, tmp_path):

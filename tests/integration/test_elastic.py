@@ -1,9 +1,11 @@
 """Elastic workers and per-worker resources on real Rays: the session's (2 CPUs, no custom
-resources) and the embedded Ray of a `rayline run` subprocess.
+resources; its tests run in the session-Ray lane) and the embedded Rays of `rayline run`
+subprocesses (in the other lane, beside the session's Ray: each pins its own state API,
+rayline.cluster.connection.pin_state_api, so two Rays on one machine do not confuse it).
 
 - `train.workers: {min: 1, max: 2}` trains for real through Ray Train V2's elastic scaling
   policy; a `model.import` builder records each worker's rank and world size, so the test
-  sees how many workers Ray actually started (2: both fit the 2-CPU session).
+  sees how many workers Ray actually started (2: both fit the subprocess's 2-CPU Ray).
 - `train.resources_per_worker` with CPU and memory reaches the workers' placement.
 - A custom resource or an accelerator type the cluster lacks fails at plan time, naming it,
   before anything trains or is registered.
@@ -61,9 +63,9 @@ def _spec(tmp_path, train: dict, name: str):
 
 
 def test_elastic_min1_max2_trains_with_the_workers_that_fit(tmp_path):
-    """A `rayline run` with its own embedded 2-CPU Ray (a subprocess, as a user runs it): the
-    session's Ray has just run sweeps, and Ray's autoscaling coordinator keeps their resource
-    requests for 180 s, which held an elastic start there for ~3 minutes (README)."""
+    """A `rayline run` with its own embedded 2-CPU Ray (a subprocess, as a user runs it), not the
+    session's: that one runs sweeps, and Ray's autoscaling coordinator keeps their resource requests
+    for 180 s, which held an elastic start there for ~3 minutes (README)."""
     import os
     import subprocess
     import sys

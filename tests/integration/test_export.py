@@ -6,11 +6,11 @@ route and the Open Inference Protocol) is tested in test_cluster.py, on a `rayli
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
+
+from tests.cli import rayline
 
 from .conftest import ROOT
 
@@ -18,8 +18,7 @@ from .conftest import ROOT
 def _export(ws, *args):
     env = {**os.environ, "RAYLINE_WORKSPACE": str(ws.root)}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.run([sys.executable, "-m", "rayline.cli", "serve", "export", *args], capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=300)
+    return rayline("serve", "export", *args, cwd=ROOT, env=env)  # in this process (tests/cli.py)
 
 
 def test_export_writes_a_config_ray_accepts_for_the_version_asked(digits, ws, tmp_path):

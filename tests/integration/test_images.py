@@ -9,12 +9,12 @@ resizing and normalisation run on the replica exactly as in training).
 """
 
 import base64
-import subprocess
-import sys
 
 import httpx
 import numpy as np
 import pytest
+
+from tests.cli import rayline
 
 from .conftest import PORT, ROOT, ensure_served, pipeline_script, run
 
@@ -156,9 +156,8 @@ def test_batch_scoring_a_table_with_an_image_column(images_run, ws, folder, tmp_
     table = tmp_path / "images.parquet"
     pd.DataFrame({"id": range(len(files)), "image": [f.read_bytes() for f in files]}).to_parquet(table)
     out = tmp_path / "scored.parquet"
-    done = subprocess.run([sys.executable, "-m", "rayline.cli", "predict", images_run.name, "--input", str(table),
-                           "--output", str(out), "--keep", "id", "--workspace", str(ws.root), "--engine", "local"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = rayline("predict", images_run.name, "--input", table, "--output", out, "--keep", "id", "--workspace", ws.root,
+                   "--engine", "local", cwd=ROOT)  # in this process (tests/cli.py)
     assert done.returncode == 0, done.stdout + done.stderr
     scored = pd.read_parquet(out)
     from rayline import load_model

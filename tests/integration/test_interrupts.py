@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cli import rayline
 from tests.integration.conftest import PORT, run
 
 IRIS = {"format": "sklearn", "name": "iris"}
@@ -280,17 +281,19 @@ def test_ctrl_c_while_deploying_keeps_the_version_and_leaves_no_app(ray_session,
     assert Registry(ws).resolve("irisdeploy").version
 
 
-def test_a_sweep_that_can_never_fit_fails_before_training(ray_session, ws):
-    from rayline.errors import ResourceError
-    from rayline.spec import parse_spec
-
-    spec = parse_spec(_spec("iriswide", tune={"num_samples": 2, "space": {"train.workers": {"choice": [1, 64]}}}))
+def test_a_sweep_that_can_never_fit_fails_before_training(ray_session, ws, tmp_path):
+    """`rayline run` (in this process, on the session's Ray) refuses the sweep before anything starts:
+    exit 3 (a resource error) and one line naming the key and what the cluster has."""
+    path = _write(tmp_path, _spec("iriswide", tune={"num_samples": 2, "space": {"train.workers": {"choice": [1, 64]}}}))
     started = time.monotonic()
-    with pytest.raises(ResourceError, match=r"^tune.space.train.workers: 64 workers need at least 6.4 CPUs"):
-        run(spec, ws)
+    done = rayline("run", path, "--workspace", ws.root, "--no-serve", extra_env={"COLUMNS": "1000"})
     assert time.monotonic() - started < 60
+    assert done.returncode == 3, (done.returncode, done.stdout, done.stderr)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: tune.space.train.workers: 64 workers need at least 6.4 CPUs"), \
+        done.stderr
+    assert "Traceback" not in done.stderr
     assert not list(Path(ws.runs_dir).glob("iriswide-*"))  # nothing started
-    assert ResourceError.exit_code == 3
 
 
 @pytest.mark.timeout(180)  # without the deadline Train retried the start-up forever: fail, not hang

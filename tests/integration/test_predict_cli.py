@@ -4,15 +4,14 @@ client-side with one line naming the row and column, server and connection error
 line, --probabilities with missing values never crashing."""
 
 import json
-import os
 import socket
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+
+from tests.cli import rayline
 
 from .conftest import PORT, ROOT, ensure_served
 
@@ -105,9 +104,10 @@ def test_a_malformed_later_file_fails_the_data_stage_with_one_line_naming_it(ray
 
 
 def _predict(*args, timeout=120):
-    # A wide terminal, so that "one line" means the message, not rich's wrapping at 80 columns.
-    return subprocess.run([sys.executable, "-m", "rayline.cli", "predict", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env={**os.environ, "COLUMNS": "1000"})
+    """`rayline predict ARGS` in this process (tests/cli.py: the same entry point, exit code and output;
+    the command's own process is tested in test_client.py). A wide terminal, so that "one line" means
+    the message, not rich's wrapping at 80 columns."""
+    return rayline("predict", *args, cwd=ROOT, extra_env={"COLUMNS": "1000"})
 
 
 def _one_line_error(proc, code, *parts):
@@ -149,10 +149,21 @@ def test_predict_input_in_every_training_format(endpoint, digit_rows, tmp_path, 
     assert len(answer["predictions"]) == 3 and len(answer["probabilities"]) == 3
 
 
-def test_predict_table_with_probabilities(endpoint, digit_rows):
-    proc = _predict(endpoint, "--json", json.dumps(digit_rows[:2]), "--probabilities")
-    assert proc.returncode == 0, proc.stderr
-    assert "probability" in proc.stdout and "Traceback" not in proc.stderr
+def test_predict_table_with_probabilities(endpoint, digit_rows, digits, ws):
+    """The table's rows are the served model's answers: each row's class and the probability of that
+    class, to the 4 places shown, are what `rayline.load_model` computes offline for the same row."""
+    from rayline import load_model
+
+    rows = digit_rows[:3]
+    proc = _predict(endpoint, "--json", json.dumps(rows), "--probabilities")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"digits v{digits.version}" in proc.stdout, proc.stdout
+    table = [line.replace("│", " ").split() for line in proc.stdout.splitlines()]
+    shown = [cells for cells in table if len(cells) == 3 and cells[0].isdigit()]
+    offline = load_model("digits", digits.version, workspace=str(ws.root)).predict(rows, probabilities=True)
+    expected = [[str(i), str(label), f"{(probs[label] if label in probs else probs[str(label)]):.4f}"]
+                for i, (label, probs) in enumerate(zip(offline["predictions"], offline["probabilities"]))]
+    assert shown == expected, (proc.stdout, offline)
 
 
 @pytest.mark.parametrize("make, parts", [

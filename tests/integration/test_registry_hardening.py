@@ -22,13 +22,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cli import rayline
 from tests.integration.conftest import PORT, deploy_registered, run
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "pipelines" / "digits-torch.yaml"
 
 
-def _cli(*args, env=None, preexec_fn=None, timeout=120):
+def _cli(*args, env=None, preexec_fn=None, timeout=120, in_process=False):
+    """`rayline ARGS` in a process of its own (one without root's privileges: preexec_fn), or in this
+    one (tests/cli.py) where the process is not what is tested."""
+    if in_process:
+        return rayline(*args, cwd=ROOT, extra_env=env)
     return subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, **(env or {})}, preexec_fn=preexec_fn, timeout=timeout)
 
@@ -105,11 +110,11 @@ def test_models_with_odd_names_are_listed_and_found(odd_store):
 
     from rayline.registry import Registry
 
-    listed = _cli("models", "-w", str(odd_store.root), "-o", "json")
+    listed = _cli("models", "-w", str(odd_store.root), "-o", "json", in_process=True)
     assert listed.returncode == 0, listed.stderr
     assert sorted(v["name"] for v in json.loads(listed.stdout)) == sorted(["a'b", 'a"b', "a'\"b", "a_b", "x%"])
     # MLflow's filter parser keeps backslashes and wildcards: each name finds itself, only itself.
-    one = _cli("models", "a'\"b", "-w", str(odd_store.root), "-o", "json")
+    one = _cli("models", "a'\"b", "-w", str(odd_store.root), "-o", "json", in_process=True)
     assert one.returncode == 0 and [v["name"] for v in json.loads(one.stdout)] == ["a'\"b"], one.stderr
     registry = Registry(odd_store)
     for name in ("a'b", 'a"b', "a_b", "x%"):
@@ -120,7 +125,7 @@ def test_models_unknown_odd_name_is_a_one_line_error(odd_store):
     from rayline.errors import RegistryError
     from rayline.registry import Registry
 
-    proc = _cli("models", "c'd", "-w", str(odd_store.root))
+    proc = _cli("models", "c'd", "-w", str(odd_store.root), in_process=True)
     line = _error_line(proc)
     assert proc.returncode == 1 and line.startswith("error: model \"c'd\": no registered versions in sqlite:"), line
     registry = Registry(odd_store)

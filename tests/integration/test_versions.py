@@ -26,8 +26,6 @@ the rollout picks them up, as a team would find a regressed version: its app ans
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -36,6 +34,8 @@ import httpx
 import pytest
 
 from rayline.registry import DEPLOYMENTS_TAG
+
+from tests.cli import rayline
 
 from .conftest import PORT, ROOT, wait_for_200
 
@@ -146,13 +146,12 @@ def _start_version_app(ws, version, **settings):
 
 
 def _cli(*args, timeout=120):
+    """`rayline serve ARGS --address SESSION` in this process (tests/cli.py): it joins the session's Ray.
+    A separate process joining a running cluster is test_serve_access.py's `serve status`."""
     import ray
 
-    env = {**os.environ, "COLUMNS": "250"}
-    env.pop("RAYLINE_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "rayline.cli", "serve", *args, "--address",
-                           ray.get_runtime_context().gcs_address],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    env = {k: v for k, v in os.environ.items() if k != "RAYLINE_DEBUG"}
+    return rayline("serve", *args, "--address", ray.get_runtime_context().gcs_address, cwd=ROOT, env={**env, "COLUMNS": "250"})
 
 
 def _one_line_error(proc, *needles):
@@ -188,16 +187,10 @@ def test_each_version_has_its_own_route_and_the_route_says_who_answered(setup):
 
 
 def _models_cli(*args_list, timeout=300):
-    """`rayline models ...` command lines run side by side (no Ray needed): their finished processes."""
-    env = {**os.environ}
-    env.pop("RAYLINE_DEBUG", None)
-    procs = [subprocess.Popen([sys.executable, "-m", "rayline.cli", "models", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env) for args in args_list]
-    out = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=timeout)
-        out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
-    return out
+    """`rayline models ...` command lines, one after another in this process (tests/cli.py; the
+    command's own process is test_lineage.py's): what each printed and its exit code."""
+    env = {k: v for k, v in os.environ.items() if k != "RAYLINE_DEBUG"}
+    return [rayline("models", *args, cwd=ROOT, env=env) for args in args_list]
 
 
 def test_models_show_prints_the_served_versions_lineage(setup, digits, ws):

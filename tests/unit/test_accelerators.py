@@ -6,8 +6,6 @@ is the real Ray Train V2 class, built by the same function `train()` uses.
 """
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from rayline.errors import ResourceError, SpecError
 from rayline.resources import plan_resources
 from rayline.spec import parse_spec
 from rayline.spec.pipeline_spec import TrainSpec, ray_accelerator_types
+from tests.cli import rayline as rayline_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = yaml.safe_load((ROOT / "pipelines" / "digits-torch.yaml").read_text())
@@ -332,8 +331,7 @@ def test_cli_validate_reports_accelerator_problems_on_one_line_each(tmp_path):
     raw = _raw({"workers": {"min": 4, "max": 2}, "resources_per_worker": {"gpu": 1}, "accelerator_type": "B9000"})
     raw["data"]["source"] = {"format": "sklearn", "name": "digits"}
     bad.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", str(bad)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    proc = rayline_in_process("validate", bad, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     text = proc.stdout + proc.stderr

@@ -12,11 +12,19 @@ from rayline.cli.run import print_summary
 from rayline.console import console
 from rayline.errors import DataError
 from rayline.pipeline.summary import RunSummary
+from tests.cli import rayline as rayline_in_process
 
 
 def rayline(*args, cwd, env=None):
+    """The command in this process (tests/cli.py): what it prints through rayline's consoles."""
+    return rayline_in_process(*args, cwd=cwd, extra_env=env)
+
+
+def rayline_process(*args, cwd):
+    """The command in a process of its own: what reaches its terminal from other libraries' loggers,
+    which hold the process's real stderr, shows only there."""
     return subprocess.run([sys.executable, "-m", "rayline.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+                          timeout=120, env=dict(os.environ))
 
 
 def test_markup_in_a_spec_name_is_printed_as_written(tmp_path):
@@ -147,7 +155,7 @@ def test_errors_never_show_the_tracking_uri_password(monkeypatch, capsys):
 
 
 def test_models_on_a_fresh_workspace_prints_only_its_answer(tmp_path):
-    out = rayline("models", "-w", str(tmp_path / "ws"), cwd=tmp_path)
+    out = rayline_process("models", "-w", str(tmp_path / "ws"), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "no registered models yet: run `rayline run SPEC`"
     assert "INFO" not in out.stderr and "Creating initial MLflow database tables" not in out.stderr, out.stderr

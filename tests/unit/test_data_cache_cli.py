@@ -2,18 +2,16 @@
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from rayline.data.cache import CACHE_FORMAT, DataCache
+from tests.cli import rayline as rayline_in_process
 
 
 def rayline(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "rayline.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+    return rayline_in_process(*args, cwd=cwd)
 
 
 def _entry(root, key, age_s, rows=100, payload=b"x" * 2048):

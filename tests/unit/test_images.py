@@ -228,7 +228,7 @@ def _schema(tabular=0):
 
 
 def test_the_cnn_combines_images_with_tabular_features_and_augments_only_in_training():
-    torch = pytest.importorskip("torch")
+    import torch
     from rayline.inference.torch_model import build_model
 
     arch = {"num_features": 50, "num_outputs": 3, "input_schema": _schema(tabular=2),
@@ -272,7 +272,6 @@ def test_builders_get_the_input_schema_only_when_they_take_it():
 
 
 def test_a_cnn_without_an_image_feature_is_refused_naming_the_fix():
-    pytest.importorskip("torch")
     from rayline.inference.torch_model import build_model
 
     with pytest.raises(SpecError, match="model.kind: cnn needs an image feature"):

@@ -4,7 +4,6 @@ address look-ups, exit codes. No Ray; CLI behaviour through the real command in 
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from rayline.errors import ClusterError
 from rayline.jobs import PackageError, collect_files, exit_code_for, job_workspace, plan_submission, resolve_address
 from rayline.jobs.auth import auth_headers, load_token, missing_token_message
 from rayline.jobs.submit import CLUSTER_DEFAULT_WORKSPACE
+from tests.cli import rayline as rayline_in_process
 
 SPEC = """name: iris-job
 data:
@@ -231,8 +231,7 @@ def _cli(*args, cwd=None, env=None):
     env = {**os.environ, **(env or {})}
     for var in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
         env.pop(var, None)
-    return subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=120)
+    return rayline_in_process(*args, cwd=cwd, env=env)
 
 
 def test_cli_oversized_file_fails_before_contacting_the_cluster(tmp_path):

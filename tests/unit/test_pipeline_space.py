@@ -1,12 +1,12 @@
 """Whole-pipeline search spaces: preprocessing paths and model families, checked at validate."""
 
-import copy
 
 import pytest
 
 from rayline.errors import SpecError
 from rayline.spec import apply_overrides, parse_set_options, parse_spec
 from rayline.spec.pipeline_space import MAX_DATA_VARIANTS, PipelineSpace
+from tests.cli import rayline as rayline_in_process
 
 TORCH = {"framework": "torch", "kind": "mlp", "params": {"hidden_sizes": {"choice": [[16], [32, 16]]}}}
 XGB = {"framework": "xgboost", "kind": "gbdt", "params": {"max_depth": {"randint": [2, 5]}, "num_boost_round": 20}}
@@ -132,22 +132,18 @@ def test_set_reaches_list_items_as_messages_write_them():
 
 
 def test_the_example_pipeline_search_validates_and_names_both_families():
-    import subprocess
-    import sys
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "pipelines" / "search" / "breast-cancer-pipeline-search.yaml"
-    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", str(path)], capture_output=True, text=True)
+    proc = rayline_in_process("validate", path)
     assert proc.returncode == 0, proc.stderr
     assert "breast-cancer-search (torch/mlp or xgboost/gbdt, tune 8 trials" in proc.stdout
 
 
 def test_the_pbt_example_validates():
-    import subprocess
-    import sys
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "pipelines" / "search" / "digits-pbt.yaml"
-    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", str(path)], capture_output=True, text=True)
+    proc = rayline_in_process("validate", path)
     assert proc.returncode == 0, proc.stderr
     assert "digits-pbt (torch, tune 4 trials" in proc.stdout

@@ -1,13 +1,12 @@
 """The router's pure parts (no Ray): the split table, the metric gate's decision, the status line,
 and the rollout CLI's argument errors (refused before any cluster is contacted)."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rayline.serve.router import RoutingTable, evaluate_gate
+from tests.cli import rayline as rayline_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +64,6 @@ def test_status_line_says_split_gate_and_rollback():
                                                 "(got --min-requests 5)"),
 ])
 def test_deploy_arguments_are_checked_before_connecting(args, message):
-    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "serve", "deploy", "digits", "--version", "1", *args,
-                           "--address", "127.0.0.1:1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    proc = rayline_in_process("serve", "deploy", "digits", "--version", "1", *args, "--address", "127.0.0.1:1", cwd=ROOT)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == "error: " + message

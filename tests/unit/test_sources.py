@@ -17,11 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rayline.data import json_files, sources
+from rayline.data import json_files
 from rayline.data.fingerprint import fingerprint
 from rayline.data.sources import FORMAT_SUFFIXES, format_of, read_file, sample_table, source_schema
 from rayline.errors import DataError, ServeError
 from rayline.serve.request_rows import describe_error_body, load_instances, post_predict, prediction_rows
+from tests.cli import rayline as rayline_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [{"a": i, "b": i * 0.5, "c": f"x{i % 3}", "y": i % 2} for i in range(30)]
@@ -29,8 +30,7 @@ ROWS[3]["a"] = None
 
 
 def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "rayline.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+    return rayline_in_process(*args, cwd=cwd)
 
 
 def _write_array(path, rows=ROWS):

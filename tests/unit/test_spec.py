@@ -1,8 +1,6 @@
 """Spec validation: good specs load; each bad spec names the path, the bad value and what is allowed."""
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +8,7 @@ import yaml
 
 from rayline.errors import SpecError
 from rayline.spec import apply_overrides, load_spec, parse_spec, spec_json_schema
+from tests.cli import rayline as rayline_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINES = sorted((ROOT / "pipelines").glob("*.yaml"))
@@ -167,7 +166,7 @@ def test_json_schema_is_closed_and_documents_keys():
 
 
 def _cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return rayline_in_process(*args, cwd=cwd)
 
 
 def test_cli_validate_bad_spec_exits_2_without_traceback(tmp_path):

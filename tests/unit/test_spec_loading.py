@@ -1,17 +1,15 @@
 """Loading a spec file: every unreadable file and every abuse of YAML is a one-line SpecError, never a traceback or a hang."""
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rayline.errors import SpecError
 from rayline.spec import MAX_SPEC_BYTES, Problem, load_spec, parse_set_options
 from rayline.spec.yaml_safe import MAX_DEPTH, MAX_VALUES
+from tests.cli import rayline as rayline_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "pipelines" / "digits-torch.yaml"
@@ -216,9 +214,7 @@ def test_cli_bad_files_exit_2_with_one_line_each(tmp_path):
     paths = [_write(tmp_path, name, content) for name, (content, _) in files.items()]
     folder = tmp_path / "folder.yaml"
     folder.mkdir()
-    env = {**os.environ, "COLUMNS": "400"}
-    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", *map(str, paths), str(folder),
-                           "/proc/self/mem"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    proc = rayline_in_process("validate", *paths, folder, "/proc/self/mem", cwd=ROOT, extra_env={"COLUMNS": "400"})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     lines = proc.stderr.splitlines()

@@ -3,9 +3,9 @@
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pytest
 
 from rayline.data.split import HASH_COLUMN, TEST, TRAIN, VALID, AddRowHash, Thresholds, row_hashes
+from tests.cli import rayline as rayline_in_process
 
 
 def _frame(n=1000, seed=0):
@@ -75,18 +75,14 @@ def test_any_int_seed_gives_its_own_split():
 
 
 def test_validate_names_a_split_key_the_data_lacks(tmp_path):
-    import subprocess
-    import sys
 
     (tmp_path / "rows.csv").write_text("id,a,y\n" + "".join(f"{i},{i * 2},{i % 2}\n" for i in range(20)))
     spec = ("name: keyed\ndata:\n  source: {format: csv, path: rows.csv}\n  label: y\n  split: {key: %s}\n"
             "model: {framework: xgboost, kind: gbdt}\n")
     (tmp_path / "bad.yaml").write_text(spec % "row_id")
     (tmp_path / "good.yaml").write_text(spec % "id")
-    bad = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", "bad.yaml"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    bad = rayline_in_process("validate", "bad.yaml", cwd=tmp_path)
     assert bad.returncode == 2
     assert "data.split.key: no such column in the data (got 'row_id'; allowed: id, a, y)" in bad.stderr, bad.stderr
-    good = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", "good.yaml"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    good = rayline_in_process("validate", "good.yaml", cwd=tmp_path)
     assert good.returncode == 0, good.stderr

@@ -1,8 +1,6 @@
 """Preprocessing steps: the registry, step-order rules at validate, the compiled numpy transform."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,11 +8,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from rayline.data.compiled import AffineOp, CompiledTransform
+from rayline.data.compiled import AffineOp
 from rayline.data.preprocess import FeatureInfo, FittedPreprocessing, LabelInfo, fit_preprocessing
 from rayline.data.steps import STEP_SPEC_MODELS, STEPS, Step, step_from_state
 from rayline.errors import DataError
 from rayline.spec import PREPROCESS_KINDS, DataSpec
+from tests.cli import rayline as rayline_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 LABEL = LabelInfo("churn", "classification", ["no", "yes"])
@@ -190,7 +189,7 @@ ORDER_MISTAKES = [
 @pytest.mark.parametrize("steps, expected", ORDER_MISTAKES, ids=range(len(ORDER_MISTAKES)))
 def test_step_order_mistakes_fail_validate_naming_the_step(tmp_path, steps, expected):
     path = _spec_file(tmp_path, steps)
-    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", str(path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = rayline_in_process("validate", path, cwd=ROOT)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert expected in " ".join(proc.stderr.split()), proc.stderr
     assert "Traceback" not in proc.stderr
@@ -217,7 +216,7 @@ def test_a_correct_order_validates(tmp_path):
     path = _spec_file(tmp_path, [{"impute": {"columns": ["region"], "strategy": "constant", "value": "eu"}},
                                  {"one_hot": {"columns": ["plan", "region"], "handle_unknown": "error"}},
                                  {"impute": {"columns": ["age"]}}, {"standard_scale": {"columns": "numeric"}}])
-    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", str(path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = rayline_in_process("validate", path, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
 
 

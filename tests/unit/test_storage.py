@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from rayline import storage
 from rayline.errors import RaylineError
 from rayline.storage import StorageError, is_uri, join, parse_location
 from rayline.workspace import local_state_dir, workspace
+from tests.cli import rayline as rayline_in_process
 
 ALLOWED = "allowed: a local path or one every node mounts (NFS), s3://bucket/prefix or gs://bucket/prefix"
 
@@ -143,8 +142,7 @@ def _free_port() -> int:
 def test_cli_with_an_unknown_scheme_is_one_line_exit_1(tmp_path):
     spec = Path(__file__).resolve().parents[2] / "pipelines" / "digits-torch.yaml"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYLINE_WORKSPACE")}
-    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "run", str(spec), "--workspace", "http://host/ws"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    proc = rayline_in_process("run", spec, "--workspace", "http://host/ws", cwd=tmp_path, env=env)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "error: workspace: unsupported storage scheme 'http://' (got 'http://host/ws'; " + ALLOWED + ")"]

@@ -17,7 +17,7 @@ from rayline.data.profile import ProfileRequest, profile_frame
 from rayline.errors import DataError
 from rayline.spec.data_spec import DataSpec
 
-pytest.importorskip("tokenizers")
+import tokenizers  # noqa: E402,F401 - a core dependency: the module must fail, never skip, without it
 
 CORPUS = ["the printer is broken", "The printer jams again", "refund my invoice please", "invoice was charged twice",
           "login fails", "cannot login with my password", "the package is late", "where is the package"] * 5
@@ -137,7 +137,7 @@ def _schema():
 @pytest.mark.parametrize("kind, params", [("text_cnn", {"embedding_dim": 8, "filters": 4, "kernel_sizes": [2, 3]}),
                                           ("transformer", {"width": 8, "heads": 2, "layers": 1})])
 def test_text_kinds_encode_token_ids_beside_the_tabular_features(kind, params):
-    torch = pytest.importorskip("torch")
+    import torch
     from rayline.inference.torch_model import build_model
 
     torch.manual_seed(0)
@@ -155,7 +155,6 @@ def test_text_kinds_encode_token_ids_beside_the_tabular_features(kind, params):
 
 
 def test_a_text_kind_without_a_text_feature_is_refused_naming_the_fix():
-    pytest.importorskip("torch")
     from rayline.errors import SpecError
     from rayline.inference.torch_model import build_model
 
@@ -168,7 +167,7 @@ def test_a_text_kind_without_a_text_feature_is_refused_naming_the_fix():
 def test_one_model_takes_an_image_a_text_and_tabular_features_together():
     """A mixed table: an encoder per image and per text, their outputs joined with the tabular
     features in one head; each part changes the answer."""
-    torch = pytest.importorskip("torch")
+    import torch
     from rayline.inference.torch_model import build_model
 
     schema = {"num_features": 26, "images": [{"name": "photo", "start": 0, "stop": 16, "type": "image", "shape": [4, 4, 1],

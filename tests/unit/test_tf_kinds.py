@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf  # noqa: E402 - a declared dependency (rayline[tensorflow], in .[all]): imported plainly, never skipped
 
 IMAGES = {"num_features": 50, "images": [{"name": "photo", "start": 0, "stop": 48, "type": "image", "shape": [4, 4, 3],
                                           "augment": {"flip": True, "crop": 1}}], "texts": [], "tabular": [48, 49]}

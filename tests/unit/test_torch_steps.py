@@ -195,12 +195,20 @@ def _ddp_runs(rank: int, port: int, results):
         combined = torch_fsdp.shard(CombinedModel(schema, 3, widths=[4], filters=2, kernel_sizes=[2], hidden_sizes=[4]),
                                     torch.device("cpu"), 2)
         images = torch.cat([torch.randn(8, 16), torch.randint(0, 9, (8, 4)).float(), torch.randn(8, 1)], dim=1)
+        labels = torch.randint(0, 3, (8,))
         optimizer = torch.optim.SGD(combined.parameters(), lr=0.1)
-        _train_with(combined, optimizer, [(images, torch.randint(0, 3, (8,)))])
+        _train_with(combined, optimizer, [(images, labels)])
         weights, _ = torch_fsdp.full_state(combined, optimizer)
+        # The same model, unsharded, one SGD step on the same batch (both ranks hold the same batch, so
+        # the sharded step's averaged gradient is this one's): the gathered weights must be its weights.
         torch.manual_seed(0)
-        plain = CombinedModel(schema, 3, widths=[4], filters=2, kernel_sizes=[2], hidden_sizes=[4]).state_dict()
-        out["fsdp_combined"] = sorted(weights) == sorted(plain) if rank == 0 else None
+        plain_model = CombinedModel(schema, 3, widths=[4], filters=2, kernel_sizes=[2], hidden_sizes=[4])
+        start_weights = {k: v.detach().clone() for k, v in plain_model.state_dict().items()}
+        _train_with(plain_model, torch.optim.SGD(plain_model.parameters(), lr=0.1), [(images, labels)])
+        plain = plain_model.state_dict()
+        out["fsdp_combined"] = {key: {"gathered": weights[key].tolist(), "plain": plain[key].tolist(),
+                                      "start": start_weights[key].tolist()}
+                                for key in plain} if rank == 0 and sorted(weights) == sorted(plain) else sorted(weights)
         # The image and text kinds under DDP with the other training options at once: PowerSGD
         # compression, 2 micro-batches per step, bf16 autocast. Both ranks end on the same weights,
         # which moved from the start.
@@ -296,7 +304,17 @@ def test_ddp_accumulation_all_reduces_once_per_step_and_matches_the_big_batch(dd
 
 
 def test_fsdp_shards_a_model_whose_encoders_sit_in_a_module_list(ddp_results):
-    assert ddp_results[0]["fsdp_combined"] is True, ddp_results[0].get("fsdp_combined")
+    """Sharded through its members, the combined model's gathered weights after a step are, key for
+    key, shape for shape and value for value, the unsharded model's after the same step, which moved."""
+    combined = ddp_results[0]["fsdp_combined"]
+    assert isinstance(combined, dict), f"the gathered state's keys differ from the plain model's: {combined}"
+    moved = False
+    for key, entry in combined.items():
+        gathered, plain = torch.tensor(entry["gathered"]), torch.tensor(entry["plain"])
+        assert gathered.shape == plain.shape, (key, gathered.shape, plain.shape)
+        torch.testing.assert_close(gathered, plain, rtol=1e-5, atol=1e-6, msg=key)
+        moved = moved or not torch.equal(plain, torch.tensor(entry["start"]))
+    assert moved, "the step changed no weight: the comparison would hold for an untrained model"
 
 
 def test_fsdp_optimizer_state_is_restored_exactly_from_a_checkpoint(ddp_results):

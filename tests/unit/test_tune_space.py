@@ -1,9 +1,6 @@
 """tune.space: only tunable paths, and every value a trial can draw is valid for the field it sets — decided at validate."""
 
 import copy
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,7 @@ from rayline.errors import SpecError
 from rayline.spec import TUNABLE, TrainSpec, largest_value, parse_spec
 from rayline.spec.space import NOT_TUNABLE
 from rayline.frameworks import BACKENDS
+from tests.cli import rayline as rayline_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH = yaml.safe_load((ROOT / "pipelines" / "digits-torch.yaml").read_text())
@@ -183,8 +181,7 @@ def test_cli_validate_rejects_an_untunable_space(tmp_path):
     raw["data"]["source"] = {"format": "sklearn", "name": "digits"}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "validate", str(path)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env={**os.environ, "COLUMNS": "400"})
+    proc = rayline_in_process("validate", path, cwd=ROOT, extra_env={"COLUMNS": "400"})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert "tune.space.train.cpus_per_worker: not tunable: resources are planned once for the whole sweep" in proc.stderr
