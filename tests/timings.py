@@ -36,7 +36,9 @@ def read(path: str | Path) -> list[TestTime]:
     tests = []
     for case in ET.parse(path).getroot().iter("testcase"):
         name = case.get("name", "")
-        name, _, lane = name.partition("@")  # loadgroup's nodeids end in @GROUP
+        lane = ""
+        if name.rfind("@") > name.rfind("]"):  # loadgroup's nodeids end in @GROUP (a parameter may hold an @)
+            name, lane = name.rsplit("@", 1)
         module = case.get("classname", "").split(".")
         # classname is dotted: tests.integration.test_x[.TestClass]; keep the file's path
         parts = [p for p in module if not p[:1].isupper()]
