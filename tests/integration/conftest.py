@@ -1,4 +1,4 @@
-"""One real local Ray per test worker that needs one, one workspace and one Serve HTTP port per Ray."""
+"""One real local Ray per test session, one workspace, one Serve HTTP port."""
 
 import os
 import signal
@@ -7,9 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# Each xdist worker's Ray serves on a port of its own (gw0 8765, gw1 8780); 8767-8772 are test_cluster.py's.
-WORKER_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
-PORT = int(os.environ.get("RAYLINE_TEST_PORT", "8765")) + 15 * WORKER_INDEX
+PORT = int(os.environ.get("RAYLINE_TEST_PORT", "8765"))
 
 
 # A test run started in the background of a non-interactive shell (`pytest &`, nohup) inherits
@@ -19,47 +17,25 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# Lanes (pytest-xdist: `-n 2 --dist loadgroup --no-loadscope-reorder` in pyproject.toml). The tests
-# that need a session's Ray (or its workspace, which they share with it) run in two session lanes,
-# each one worker's, in collection order, on that worker's own Ray: the first holds the modules that
-# share the served digits pipeline (trained once, in that lane's Ray), the second the modules that
-# train pipelines of their own. Both lanes start at once, one per worker (they come first in the
-# collection, so xdist hands each worker one); the rest, unit tests and integration tests that start
-# Rays of their own in subprocesses (heads, multi-node clusters, `rayline run`, submitted jobs), are
-# work units of one module each, which either worker takes when its lane is done. Measured by
-# tests/timings.py: one session lane beside one lane of everything else left the shorter lane idle
-# for long stretches.
-SESSION_LANE, SECOND_SESSION_LANE = "session-ray", "session-ray-2"
-# The session modules of the second lane: none of them uses the `digits` fixture.
-SECOND_LANE_MODULES = {
-    "test_csv_and_faults.py", "test_elastic.py", "test_frameworks.py", "test_images.py", "test_interrupts.py",
-    "test_orphans.py", "test_pipeline_search.py", "test_preprocessing_paths.py", "test_registry_hardening.py",
-    "test_text.py", "test_training_techniques.py", "test_tune_strategies.py",
-}
-
-
-def _lane(item) -> str:
-    if {"ray_session", "ws"} & set(getattr(item, "fixturenames", ())):
-        return SECOND_SESSION_LANE if Path(str(item.fspath)).name in SECOND_LANE_MODULES else SESSION_LANE
-    return "module:" + Path(str(item.fspath)).relative_to(ROOT).as_posix()  # a module's tests share its fixtures
+# Two lanes (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml): every test that needs this
+# session's Ray (or its workspace, which tests share with it) runs in one worker, in collection
+# order, with the one Ray of that session; the rest (unit tests, and integration tests that start
+# Rays of their own in subprocesses: heads, multi-node clusters, `rayline run`, submitted jobs)
+# run beside them in the other worker. Measured on the 2-core CI machine: in one process the suite
+# took 34-36 min with a quarter of the CPU idle (Ray's start-ups, polls and health checks); two lanes: 25-27 min then, 29-30 min at 889 tests, 22.5 min at 944 after the one-pass data stage (2026-11-25).
+# Tried and measured (2026-11-27, tests/timings.py): a second session lane (one Ray per worker, the
+# digits modules in one, the modules training their own pipelines in the other, the rest one unit
+# per module) was slower on a saturated 2-core box: two Rays training at once on 2 cores.
+SESSION_LANE, OWN_PROCESSES_LANE = "session-ray", "own-processes"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(items):
-    order = {SESSION_LANE: 0, SECOND_SESSION_LANE: 1}
-    lanes = {}
     for item in items:
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
-        lanes[item.nodeid] = _lane(item)
-        item.add_marker(pytest.mark.xdist_group(lanes[item.nodeid]))
-    # The session lanes first (a stable sort keeps collection order within each): xdist gives each
-    # worker the first work unit it has not handed out yet.
-    items.sort(key=lambda item: order.get(lanes[item.nodeid], 2))
-    if any("digits" in getattr(item, "fixturenames", ()) for item in items
-           if lanes[item.nodeid] == SECOND_SESSION_LANE):
-        raise pytest.UsageError("a module of the second session lane uses the digits fixture: move it to the first "
-                                "(tests/integration/conftest.py, SECOND_LANE_MODULES), or digits trains twice")
+        shares_session = {"ray_session", "ws"} & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group(SESSION_LANE if shares_session else OWN_PROCESSES_LANE))
 
 
 @pytest.fixture(scope="session")
