@@ -6,14 +6,15 @@ registered, deployed behind its router, then asked over HTTP with strings and ov
 Inference Protocol by tritonclient. Predictions over HTTP equal the offline model's on the same rows.
 """
 
+import os
 import re
+import subprocess
+import sys
 
 import httpx
 import numpy as np
 import pandas as pd
 import pytest
-
-from tests.cli import rayline
 
 from .conftest import PORT, ROOT, pipeline_script, run
 
@@ -157,8 +158,12 @@ def test_batch_scoring_reports_the_drift_of_its_input(text_run, ws, tickets, tmp
     assert report["channel"].level == "alert" and report["channel"].outside_share == pytest.approx(0.5)
     if engine == "local":  # the command prints the same table
         page = tmp_path / "drift.html"
-        done = rayline("predict", text_run.name, "--input", path, "--output", tmp_path / "cli.parquet", "--engine", "local",
-                       "--drift-report", page, "--workspace", ws.root, cwd=ROOT, extra_env={"COLUMNS": "200"})
+        # A process of its own: the drift table is what reaches the command's terminal (in this process
+        # the table did not reach tests/cli.py's captured stdout: measured 2026-11-27, not yet explained).
+        done = subprocess.run([sys.executable, "-m", "rayline.cli", "predict", text_run.name, "--input", str(path),
+                               "--output", str(tmp_path / "cli.parquet"), "--engine", "local", "--drift-report",
+                               str(page), "--workspace", str(ws.root)], capture_output=True, text=True, timeout=300,
+                              cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
         assert done.returncode == 0, done.stdout + done.stderr
         assert re.search(r"\b[23] of 3 features drifted", done.stdout), done.stdout  # the answers are the third
         assert "unseen categories 50.0% > 5.0%" in done.stdout and "account_age_days" in done.stdout
