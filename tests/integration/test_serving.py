@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
-from .conftest import PORT, deploy_registered, ensure_served
+from .conftest import PORT, deploy_registered, ensure_served, wait_for_200
 
 BASE = f"http://127.0.0.1:{PORT}"
 
@@ -151,6 +151,9 @@ def test_batcher_merges_splits_and_isolates_model_errors(ray_session):
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})  # if this test is the first to start Serve
     try:
         serve.run(Probe.bind(8), name="batch-probe", route_prefix="/batch-probe")
+        # The ingress learns a new route a moment after serve.run returns ("Path '/batch-probe' not
+        # found" under load): wait until it answers (GET /calls: an empty list, nothing recorded yet).
+        wait_for_200(f"{url}/calls", what="the batch-probe app")
         xs = [rng.normal(size=(n, 4)).astype(np.float32) for n in (1, 3, 2, 1)]
         for x, out in zip(xs, together(xs)):
             assert np.allclose(out, x @ w, rtol=1e-6)  # a merged matmul may differ in the last bit
