@@ -47,6 +47,7 @@ def rayline(*args, cwd: str | Path | None = None, env: dict | None = None, extra
     for the call (as subprocess's env= does), `extra_env` adds to it; both are restored afterwards, as
     are the working directory, sys.argv, stdin and the SIGTERM handler `main` installs."""
     from rayline.cli import main
+    from rayline.console import console, err_console
 
     argv = ["rayline", *map(str, args)]
     out, err = io.StringIO(), io.StringIO()
@@ -54,6 +55,13 @@ def rayline(*args, cwd: str | Path | None = None, env: dict | None = None, extra
     saved_argv, saved_stdin, saved_cwd = sys.argv, sys.stdin, os.getcwd()
     saved_sigterm = signal.getsignal(signal.SIGTERM)
     full_env = None if env is None and extra_env is None else {**(os.environ if env is None else env), **(extra_env or {})}
+    # rich fixes a console's width from COLUMNS when the console is made (at rayline.console's import,
+    # in whichever call or test imported it first): each call gets the width its own COLUMNS asks for,
+    # as a new process would (a table laid out at another call's width failed a test under xdist).
+    columns = (os.environ if full_env is None else full_env).get("COLUMNS", "")
+    saved_widths = [(c, c._width) for c in (console, err_console)]
+    for c, _ in saved_widths:
+        c._width = int(columns) if columns.isdigit() else None
     try:
         with _environment(full_env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             if cwd is not None:
@@ -69,4 +77,6 @@ def rayline(*args, cwd: str | Path | None = None, env: dict | None = None, extra
         sys.argv, sys.stdin = saved_argv, saved_stdin
         os.chdir(saved_cwd)
         signal.signal(signal.SIGTERM, saved_sigterm)
+        for c, width in saved_widths:
+            c._width = width
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())

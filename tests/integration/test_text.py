@@ -158,9 +158,8 @@ def test_batch_scoring_reports_the_drift_of_its_input(text_run, ws, tickets, tmp
     assert report["channel"].level == "alert" and report["channel"].outside_share == pytest.approx(0.5)
     if engine == "local":  # the command prints the same table
         page = tmp_path / "drift.html"
-        # A process of its own, whose console is 200 columns wide from the start: in this process
-        # (tests/cli.py) the table's text was not found in the output, likely laid out narrower (rich
-        # reads COLUMNS when a console is created); not yet confirmed.
+        # A process of its own, as a user runs it (the command family's subprocess check: the table is
+        # what reaches its terminal).
         done = subprocess.run([sys.executable, "-m", "rayline.cli", "predict", text_run.name, "--input", str(path),
                                "--output", str(tmp_path / "cli.parquet"), "--engine", "local", "--drift-report",
                                str(page), "--workspace", str(ws.root)], capture_output=True, text=True, timeout=300,
