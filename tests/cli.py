@@ -7,7 +7,9 @@ what it printed to stdout and stderr, without a new Python's 2-5 s of start-up a
 
 Tests that check what only a separate process shows (a command's import time, signals, a Ray the
 command starts and stops itself, an environment that must not leak) keep `python -m rayline.cli`;
-the suite keeps one real subprocess per command family (tests/unit/test_cli_process.py).
+the suite keeps at least one real subprocess per command family (predict: test_client.py and
+test_batch_scoring.py's `auto`; models: test_lineage.py; serve: test_serve_access.py; validate:
+test_cli_output.py; run: test_elastic.py, test_cluster.py).
 
 In the session-Ray lane a command that needs Ray joins the session's Ray (rayline.cluster.connection
 .connect reuses an initialized Ray and leaves it running), as `rayline ... --address` would.

@@ -29,7 +29,7 @@ def rayline_process(*args, cwd):
 
 def test_markup_in_a_spec_name_is_printed_as_written(tmp_path):
     (tmp_path / "s.yaml").write_text('name: "[/x]"\n')
-    out = rayline("validate", "s.yaml", cwd=tmp_path)
+    out = rayline_process("validate", "s.yaml", cwd=tmp_path)  # validate's own process check
     assert out.returncode == 2
     assert "got '[/x]'" in out.stderr
     assert "Traceback" not in out.stderr and "MarkupError" not in out.stderr
