@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT = Path(__file__).resolve().parents[1] / ".test-timings.xml"
-__all__ = ["TestTime", "read", "summary", "main"]
+__all__ = ["TestTime", "read", "summary", "compare", "main"]
 
 
 @dataclass(frozen=True)

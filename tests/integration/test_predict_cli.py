@@ -103,7 +103,7 @@ def test_a_malformed_later_file_fails_the_data_stage_with_one_line_naming_it(ray
 # ---------------------------------------------------------------- the real CLI against the digits endpoint
 
 
-def _predict(*args, timeout=120):
+def _predict(*args):
     """`rayline predict ARGS` in this process (tests/cli.py: the same entry point, exit code and output;
     the command's own process is tested in test_client.py). A wide terminal, so that "one line" means
     the message, not rich's wrapping at 80 columns."""
@@ -200,5 +200,5 @@ def test_server_errors_and_unreachable_endpoints_are_one_line(endpoint, digit_ro
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
-    _one_line_error(_predict(f"http://127.0.0.1:{free}/digits", "--json", row, "--timeout", "5", timeout=30), 1,
+    _one_line_error(_predict(f"http://127.0.0.1:{free}/digits", "--json", row, "--timeout", "5"), 1,
                     f"cannot reach http://127.0.0.1:{free}/digits/predict")

@@ -145,7 +145,7 @@ def _start_version_app(ws, version, **settings):
     _wait_health(f"{URL}/v/{version}")
 
 
-def _cli(*args, timeout=120):
+def _cli(*args):
     """`rayline serve ARGS --address SESSION` in this process (tests/cli.py): it joins the session's Ray.
     A separate process joining a running cluster is test_serve_access.py's `serve status`."""
     import ray
@@ -186,7 +186,7 @@ def test_each_version_has_its_own_route_and_the_route_says_who_answered(setup):
 # ---------------------------------------------------------------- lineage
 
 
-def _models_cli(*args_list, timeout=300):
+def _models_cli(*args_list):
     """`rayline models ...` command lines, one after another in this process (tests/cli.py; the
     command's own process is test_lineage.py's): what each printed and its exit code."""
     env = {k: v for k, v in os.environ.items() if k != "RAYLINE_DEBUG"}
