@@ -29,13 +29,32 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 SESSION_LANE, OWN_PROCESSES_LANE = "session-ray", "own-processes"
 
 
+# The served digits endpoint (serve_digits) stays up from one module to the next while a later module of
+# the session lane queries it: the modules marked DIGITS_ENDPOINT run first in that lane, one after
+# another, and only the last one's teardown deletes it. Each module deployed it anew before (router,
+# version and OIP replicas, the route's settle: 25-40 s a module on the loaded 2-core box).
+DIGITS_ENDPOINT = "digits_endpoint"
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
         shares_session = {"ray_session", "ws"} & set(getattr(item, "fixturenames", ()))
         item.add_marker(pytest.mark.xdist_group(SESSION_LANE if shares_session else OWN_PROCESSES_LANE))
+    # Stable: every other item keeps its place relative to the rest (every xdist worker sorts alike).
+    items.sort(key=lambda item: not (_in_session_lane(item) and item.get_closest_marker(DIGITS_ENDPOINT)))
+    endpoint_modules = [str(item.fspath) for item in items if _in_session_lane(item) and item.get_closest_marker(DIGITS_ENDPOINT)]
+    config.stash[_LAST_ENDPOINT_MODULE] = endpoint_modules[-1] if endpoint_modules else None
+
+
+_LAST_ENDPOINT_MODULE = pytest.StashKey[str]()
+
+
+def _in_session_lane(item) -> bool:
+    marker = item.get_closest_marker("xdist_group")
+    return bool(marker and marker.args and marker.args[0] == SESSION_LANE)
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +67,7 @@ def ray_session():
     # 2 logical CPUs, as on the CI machine: the resource planner must make this fit. The
     # dashboard stays on: Ray's state API (Train's placement-group cleanup after Tune stops
     # a trial early, and the fault test's worker lookup) needs it.
-    os.environ.update(train_env())  # as `rayline run` does: the Train controller polls reports faster
+    os.environ.update(train_env(single_machine=True))  # as `rayline run` does: faster report polls, no preemption watcher
     ingress_env = serve_env()
     os.environ.update(ingress_env)  # and the same Serve ingress (HAProxy unless RAYLINE_SERVE_INGRESS=proxy)
     # API keys for serve.auth.api_keys_env (test_serve_access.py): set before ray.init, the way a
@@ -81,11 +100,12 @@ def ray_session():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def free_serve_apps_after_module():
+def free_serve_apps_after_module(request):
     """Delete the Serve apps a test module deployed once it is done with them.
 
     Their replicas hold CPUs (and autoscale up under the offline==online bursts); on a
-    2-core machine later pipelines would then rightly fail fast for lack of CPUs.
+    2-core machine later pipelines would then rightly fail fast for lack of CPUs. The digits
+    endpoint's apps stay while a later module of this lane queries it (DIGITS_ENDPOINT).
     """
     yield
     import ray
@@ -98,6 +118,11 @@ def free_serve_apps_after_module():
         apps = list(serve.status().applications)
     except Exception:
         apps = []  # Serve never started in this session
+    keep = set()
+    if request.node.get_closest_marker(DIGITS_ENDPOINT) and str(request.node.fspath) != request.config.stash.get(
+            _LAST_ENDPOINT_MODULE, None):
+        keep = _endpoint_apps("digits", apps)
+        apps = [a for a in apps if a not in keep]
     # All at once (one blocking delete after another took ~9 s for a module's two or three apps).
     for name in apps:
         serve.delete(name, _blocking=False)
@@ -108,11 +133,39 @@ def free_serve_apps_after_module():
         apps = [a for a in serve.status().applications if a in apps]
         time.sleep(0.2)
     assert not apps, f"Serve apps still being deleted a minute later: {apps}"
-    _wait_for_free_cpus()
+    _wait_for_free_cpus(keep)
 
 
-def _wait_for_free_cpus(timeout_s: float = 60.0) -> None:
-    """Until every logical CPU is free again; an error naming what holds them after `timeout_s`.
+def _endpoint_apps(name: str, apps) -> set:
+    """The Serve apps of model `name`'s endpoint as rayline.serve.versions.deploy starts them: its
+    router, the versions its table routes to, its own V2 app and the shared /v2 app."""
+    from rayline.serve.oip import OIP_APP
+    from rayline.serve.router import oip_app
+    from rayline.serve.routing_table import rollout_state
+
+    table = rollout_state(name) or {}
+    wanted = {name, oip_app(name), OIP_APP, *(f"{name}-v{v}" for v in table.get("weights") or ())}
+    return wanted & set(apps)
+
+
+def _held_by(apps: set) -> float:
+    """Logical CPUs the replicas of `apps` reserve now (autoscaling changes it)."""
+    from rayline.serve.details import serve_details
+
+    held = 0.0
+    for name, app in (serve_details().get("applications") or {}).items():
+        if name not in apps:
+            continue
+        for deployment in (app.get("deployments") or {}).values():
+            options = (deployment.get("deployment_config") or {}).get("ray_actor_options") or {}
+            live = [r for r in deployment.get("replicas") or () if not str(r.get("state")).endswith("STOPPING")]
+            held += float(options.get("num_cpus") or 0) * len(live)
+    return held
+
+
+def _wait_for_free_cpus(kept_apps: set = frozenset(), timeout_s: float = 60.0) -> None:
+    """Until every logical CPU is free again, but those the replicas of `kept_apps` reserve; an
+    error naming what holds them after `timeout_s`.
 
     A deleted app's replicas give their CPUs back some seconds after `serve.delete`. Anything
     still held a minute later is a leak of the module just run, and it fails there: a killed
@@ -127,11 +180,11 @@ def _wait_for_free_cpus(timeout_s: float = 60.0) -> None:
 
     deadline = time.monotonic() + timeout_s
     total = ray.cluster_resources().get("CPU", 0)
-    while ray.available_resources().get("CPU", 0) < total - 0.05:
+    while ray.available_resources().get("CPU", 0) < total - (_held_by(kept_apps) if kept_apps else 0.0) - 0.05:
         if time.monotonic() > deadline:
             held = {k: v for k, v in ray.available_resources().items() if "CPU" in k}
-            raise AssertionError(f"CPUs still held {timeout_s:g} s after the module: available {held} of {total:g}; "
-                                 f"orphaned placement groups: {orphaned_placement_groups()}")
+            raise AssertionError(f"CPUs still held {timeout_s:g} s after the module: available {held} of {total:g} "
+                                 f"(kept: {sorted(kept_apps)}); orphaned placement groups: {orphaned_placement_groups()}")
         time.sleep(0.5)
 
 
@@ -219,23 +272,39 @@ def ensure_served(summary, ws, **settings):
     import httpx
 
     from rayline.serve import versions
+    from rayline.serve.applications import delete_apps, serve_apps
+    from rayline.serve.routing_table import rollout_state
     from rayline.spec import ServeSpec
 
-    try:
-        meta = httpx.get(f"{summary.endpoint}/metadata", timeout=10)
-        if meta.status_code == 200 and meta.json().get("version") == str(summary.version):
-            return summary.endpoint
-    except httpx.HTTPError:
-        pass
     route = urlparse(summary.endpoint).path
     # The model's own V2 application (serve.oip) only where a test calls /v2 (test_oip passes
     # oip=True): its replicas reserve CPUs like the route's, and a module's apps share 2 logical CPUs.
     settings.setdefault("oip", False)
-    rollout = versions.deploy(summary.name, summary.version, ws=ws, serve_spec=ServeSpec(route=route, **settings),
-                              port=PORT)
+    serve_spec = ServeSpec(route=route, **settings)
+    table = rollout_state(summary.name) or {}
+    try:
+        meta = httpx.get(f"{summary.endpoint}/metadata", timeout=10)
+        if (meta.status_code == 200 and meta.json().get("version") == str(summary.version)
+                and table.get("serve") == serve_spec.model_dump(exclude={"route", "canary"})):
+            return summary.endpoint
+    except httpx.HTTPError:
+        pass
+    if table:  # served with other settings (an earlier module's): a running version keeps its own, so anew
+        delete_apps(sorted(_endpoint_apps(summary.name, serve_apps())))
+    rollout = versions.deploy(summary.name, summary.version, ws=ws, serve_spec=serve_spec, port=PORT)
     assert rollout.url == summary.endpoint and rollout.champion == str(summary.version), (rollout, summary.endpoint)
     _wait_answering(rollout.url, str(summary.version))
     return rollout.url
+
+
+# pipelines/digits-torch.yaml's serve section, which `rayline run` deploys: every module that queries
+# the digits endpoint asks for the same, so one deployment serves them all (DIGITS_ENDPOINT).
+DIGITS_SERVE = {"replicas": {"min": 1, "max": 2, "target_ongoing_requests": 2}}
+
+
+def serve_digits(digits, ws, **settings):
+    """The session's digits endpoint (the `digits` fixture's), served as `rayline run` serves it."""
+    return ensure_served(digits, ws, **{**DIGITS_SERVE, **settings})
 
 
 def _wait_answering(url, version, timeout_s=90):

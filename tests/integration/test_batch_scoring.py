@@ -17,7 +17,10 @@ import pytest
 
 from tests.cli import rayline
 
-from .conftest import ROOT, ensure_served
+from .conftest import ROOT, serve_digits
+
+# Queries the session's served digits endpoint, kept up from module to module (conftest.DIGITS_ENDPOINT).
+pytestmark = pytest.mark.digits_endpoint
 from .test_predict_cli import _one_line_error
 
 ROWS = 20_000
@@ -86,7 +89,7 @@ def test_in_process_scoring_equals_the_predictor_for_every_row_and_the_endpoint_
     expected = np.array([[row[c] for c in labels] for row in offline["probabilities"]])
     assert np.array_equal(scored[[f"probability_{c}" for c in labels]].to_numpy(), expected)
     sample = np.random.default_rng(1).choice(ROWS, 300, replace=False)
-    with rayline.Client(ensure_served(digits, ws)) as client:
+    with rayline.Client(serve_digits(digits, ws)) as client:
         online = client.predict(features.iloc[sample], probabilities=True)
     assert online["prediction"].tolist() == scored["prediction"].iloc[sample].tolist()
     assert np.array_equal(online.drop(columns="prediction").to_numpy(),

@@ -12,12 +12,15 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from .conftest import ROOT, ensure_served
+from .conftest import ROOT, serve_digits
+
+# Queries the session's served digits endpoint, kept up from module to module (conftest.DIGITS_ENDPOINT).
+pytestmark = pytest.mark.digits_endpoint
 
 
 @pytest.fixture(scope="module")
 def endpoint(digits, ws):
-    return ensure_served(digits, ws)
+    return serve_digits(digits, ws)
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,15 @@ import pytest
 
 from tests.cli import rayline
 
-from .conftest import PORT, ROOT, ensure_served
+from .conftest import PORT, ROOT, serve_digits
+
+# Queries the session's served digits endpoint, kept up from module to module (conftest.DIGITS_ENDPOINT).
+pytestmark = pytest.mark.digits_endpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
 def served(digits, ws):
-    return ensure_served(digits, ws, replicas={"min": 1, "max": 2, "target_ongoing_requests": 2})
+    return serve_digits(digits, ws)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +68,20 @@ def test_sweep_ran_trials_and_registered_the_winner(digits, ws):
     assert len(runs) == 2
     history = reg.client.get_metric_history(runs[0].info.run_id, "accuracy")
     assert len(history) >= 1 and sorted(m.step for m in history) == list(range(len(history)))
+
+
+def test_a_single_machine_ray_trains_without_preemption_watchers(digits):
+    """This session's Ray has the environment rayline gives the Ray it starts on one machine
+    (rayline.cluster.env.train_env): Train ran the sweep's trials with no PreemptionWatcher actor,
+    one Python process less per training run."""
+    import ray
+    from ray.util.state import list_actors
+
+    def actors(cls):
+        return list_actors(address=ray.get_runtime_context().gcs_address, filters=[("class_name", "=", cls)], limit=1000)
+
+    assert len(actors("TrainController")) >= len(digits.trials)
+    assert actors("PreemptionWatcher") == []
 
 
 def _winner(digits):

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from .conftest import PORT, deploy_registered, ensure_served, wait_for_200
+from .conftest import PORT, deploy_registered, serve_digits, wait_for_200
 
 import tritonclient.http as tritonhttp  # declared in pyproject.toml: a broken install fails, not skips
 BASE = f"http://127.0.0.1:{PORT}"
@@ -33,7 +33,7 @@ def oip(digits, ws, tmp_path_factory):
 
     from ray import serve
 
-    endpoint = ensure_served(digits, ws, oip=True)
+    endpoint = serve_digits(digits, ws, oip=True)
     if f"digits-v{digits.version}" not in serve.status().applications:  # `rayline run` deploys it (router layout)
         deploy_registered(f"digits-v{digits.version}", digits, ws, route=f"/digits/v/{digits.version}", **SMALL)
     keys = tmp_path_factory.mktemp("oip-keys") / "keys"

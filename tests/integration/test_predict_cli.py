@@ -13,7 +13,10 @@ import yaml
 
 from tests.cli import rayline
 
-from .conftest import PORT, ROOT, ensure_served
+from .conftest import PORT, ROOT, serve_digits
+
+# Queries the session's served digits endpoint, kept up from module to module (conftest.DIGITS_ENDPOINT).
+pytestmark = pytest.mark.digits_endpoint
 
 N_ROWS = 60
 
@@ -121,7 +124,7 @@ def _one_line_error(proc, code, *parts):
 
 @pytest.fixture(scope="module")
 def endpoint(digits, ws):
-    return ensure_served(digits, ws)
+    return serve_digits(digits, ws)
 
 
 @pytest.fixture(scope="module")

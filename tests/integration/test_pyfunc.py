@@ -17,14 +17,17 @@ import psutil
 import pytest
 import yaml
 
-from .conftest import deploy_registered, ensure_served, run
+from .conftest import deploy_registered, run, serve_digits
+
+# Queries the session's served digits endpoint, kept up from module to module (conftest.DIGITS_ENDPOINT).
+pytestmark = pytest.mark.digits_endpoint
 
 N_ROWS = 40
 
 
 @pytest.fixture(scope="module")
 def served_digits(digits, ws):
-    return ensure_served(digits, ws)
+    return serve_digits(digits, ws)
 
 
 @pytest.fixture(scope="module")

@@ -25,14 +25,17 @@ import httpx
 import numpy as np
 import pytest
 
-from .conftest import PORT, deploy_registered, ensure_served, wait_for_200
+from .conftest import PORT, deploy_registered, serve_digits, wait_for_200
+
+# Queries the session's served digits endpoint, kept up from module to module (conftest.DIGITS_ENDPOINT).
+pytestmark = pytest.mark.digits_endpoint
 
 BASE = f"http://127.0.0.1:{PORT}"
 
 
 @pytest.fixture(scope="module")
 def endpoint(digits, ws):
-    return ensure_served(digits, ws, replicas={"min": 1, "max": 2, "target_ongoing_requests": 2})
+    return serve_digits(digits, ws)
 
 
 @pytest.fixture(scope="module")

@@ -226,7 +226,7 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
             return Connection(address=address, embedded=False, owned=True)
         # The dashboard hosts Ray's state API, which Train V2 uses to free the placement
         # groups of trials Tune stops early; without it those CPUs leak.
-        os.environ.update(train_env())  # inherited by the raylet and every worker
+        os.environ.update(train_env(single_machine=True))  # inherited by the raylet and every worker
         os.environ.update(serve_env(ingress))
         dashboard_port = pin_state_api()
         # address="local": a Ray of our own even when another head on this machine recorded

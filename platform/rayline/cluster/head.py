@@ -103,7 +103,7 @@ def cluster_up(ws: Workspace, port: int = 6379, num_cpus: int | None = None, das
         cmd.append("--node-ip-address=127.0.0.1")
     if num_cpus:
         cmd.append(f"--num-cpus={num_cpus}")
-    env = {**os.environ, **train_env(), **serve_env(ingress, state_dir=haproxy_state_dir(temp_dir))}
+    env = {**os.environ, **train_env(single_machine=loopback), **serve_env(ingress, state_dir=haproxy_state_dir(temp_dir))}
     if loopback:
         env.update(loopback_env())
     else:
