@@ -177,22 +177,29 @@ def test_the_two_torch_workers_valid_metrics_are_the_whole_splits(digits, test_s
         assert digits.valid_metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
-def test_test_metrics_from_ray_tasks_per_block_equal_one_process_and_bad_rows_name_the_column(test_split):
+def test_test_metrics_per_block_in_tasks_or_here_equal_one_process_and_bad_rows_name_the_column(test_split):
     import ray.data
 
     from rayline.errors import DataError
     from rayline.offline_metrics import evaluate_rows
 
+    from rayline import offline_metrics
+
     frame, model, _, _ = test_split
     blocks = ray.data.from_pandas([frame.iloc[:60], frame.iloc[60:61], frame.iloc[61:]])  # uneven blocks
-    got, expected = evaluate_rows(model.model_dir, blocks), model.evaluate(frame)
-    assert got.keys() == expected.keys()
-    for name, value in expected.items():
-        assert got[name] == pytest.approx(value, rel=1e-9), name
+    expected = model.evaluate(frame)
     bad = frame.copy()
     bad.loc[bad.index[5], "pixel_0_1"] = np.nan  # no impute step fills it
-    with pytest.raises(DataError, match="pixel_0_1"):
-        evaluate_rows(model.model_dir, ray.data.from_pandas(bad))
+    # Ray Data tasks per block, and this process block by block (what a small materialized split gets).
+    for in_process in (False, True):
+        got = evaluate_rows(model.model_dir, blocks, in_process=in_process)
+        assert got.keys() == expected.keys()
+        for name, value in expected.items():
+            assert got[name] == pytest.approx(value, rel=1e-9), (in_process, name)
+        with pytest.raises(DataError, match="pixel_0_1"):
+            evaluate_rows(model.model_dir, ray.data.from_pandas(bad), in_process=in_process)
+    assert offline_metrics._small(blocks)  # materialized and small: here
+    assert not offline_metrics._small(blocks.map_batches(lambda b: b))  # still to be computed: in tasks
 
 
 def test_offline_and_online_predictions_are_identical(digits, test_split):
