@@ -297,9 +297,12 @@ def ensure_served(summary, ws, **settings):
     return rollout.url
 
 
-# pipelines/digits-torch.yaml's serve section, which `rayline run` deploys: every module that queries
-# the digits endpoint asks for the same, so one deployment serves them all (DIGITS_ENDPOINT).
-DIGITS_SERVE = {"replicas": {"min": 1, "max": 2, "target_ongoing_requests": 2}}
+# pipelines/digits-torch.yaml's serve section: every module that queries the digits endpoint asks for
+# the same, so that one deployment serves them all (DIGITS_ENDPOINT). No V2 application of the model's
+# own (the spec's default, which the `digits` fixture's run deploys, so the first module deploys it
+# anew; test_oip asks for one): its replica would hold a quarter of a CPU more while those modules
+# train (test_pyfunc) and score on the session Ray (test_batch_scoring).
+DIGITS_SERVE = {"replicas": {"min": 1, "max": 2, "target_ongoing_requests": 2}, "oip": False}
 
 
 def serve_digits(digits, ws, **settings):

@@ -28,6 +28,10 @@ def _churn_frame(n=400, seed=0):
 
 @pytest.fixture(scope="module")
 def churn(ray_session, ws, tmp_path_factory):
+    """The churn pipeline, trained once for the module: torch FSDP on 2 workers (each holds half of
+    the parameters and optimizer state; checkpoints gather the full state), one worker SIGKILLed once
+    a checkpoint is registered, then served at /churn. The string-label, bad-request and quality
+    tests query what it serves; test_killed_worker_resumes_from_checkpoint[torch] checks the resume."""
     from rayline.spec import load_spec
 
     folder = tmp_path_factory.mktemp("churn")
@@ -39,26 +43,30 @@ def churn(ray_session, ws, tmp_path_factory):
                                 {"one_hot": {"columns": ["plan"], "handle_unknown": "error"}},
                                 {"standard_scale": {"columns": "numeric"}}]},
         "model": {"framework": "torch", "kind": "mlp", "params": {"hidden_sizes": [16]}},
-        "train": {"workers": 2, "epochs": 6, "batch_size": 32, "optimizer": {"lr": 0.02}, "metric": "f1"},
+        "train": {"workers": 2, "epochs": FAULT_EPOCHS, "batch_size": 8, "optimizer": {"lr": 0.02}, "metric": "f1",
+                  "strategy": "fsdp"},
         "serve": {"route": "/churn"},
     }))
     spec = load_spec(folder / "churn.yaml")
-    return spec, run(spec, ws, spec_path=str(folder / "churn.yaml"))
+    summary, fault = _run_killing_a_worker(spec, ws, tmp_path_factory.mktemp("churn-at-kill"))
+    return spec, summary, fault
 
 
 GOOD = {"plan": "pro", "tenure": 30.0, "fee": 45.5}
 
 
 def test_csv_pipeline_serves_string_labels(churn):
-    spec, summary = churn
+    spec, summary, _ = churn
     assert summary.task == "classification" and summary.metric == "f1"
     body = httpx.post(f"{summary.endpoint}/predict", json={"instances": [GOOD, {**GOOD, "tenure": None}], "probabilities": True}, timeout=60).json()
     assert all(p in ("no", "yes") for p in body["predictions"])
     assert set(body["probabilities"][0]) == {"no", "yes"} and sum(body["probabilities"][0].values()) == pytest.approx(1.0, abs=1e-5)
     # It learned, beyond what answering the majority class ("no", 75.5% of the rows) everywhere scores:
     # that share in accuracy, a macro F1 of at most 0.43, and the prior's log loss (0.556). Measured
-    # on the ~45 test rows: accuracy 0.80-0.82, macro F1 0.67-0.72, log loss 0.32-0.40 (logistic
-    # regression, 10-fold on all 400 rows: 0.92 / 0.89).
+    # on the ~45 test rows: accuracy 0.80-0.82, macro F1 0.67-0.72, log loss 0.32-0.40 with DDP at
+    # batch 32 (logistic regression, 10-fold on all 400 rows: 0.92 / 0.89); FSDP at batch 8, resumed
+    # after the kill
+    # at epoch 1: accuracy 0.80, macro F1 0.67, log loss 0.34 (2026-11-27).
     majority = (_churn_frame()["churn"] == "no").mean()
     prior_log_loss = -(majority * np.log(majority) + (1 - majority) * np.log(1 - majority))
     metrics = summary.test_metrics
@@ -72,7 +80,7 @@ def test_csv_pipeline_serves_string_labels(churn):
     ({**GOOD, "tenure": "long"}, "tenure"),
 ])
 def test_csv_bad_requests_get_422(churn, row, field):
-    _, summary = churn
+    _, summary, _ = churn
     response = httpx.post(f"{summary.endpoint}/predict", json={"instances": [row]}, timeout=30)
     assert response.status_code == 422 and field in response.text
 
@@ -87,7 +95,7 @@ def test_split_is_the_same_for_any_file_and_block_layout(churn, tmp_path):
     from rayline.data.split import TEST, TRAIN, VALID, Thresholds, row_hashes
     from rayline.spec import apply_overrides
 
-    spec, _ = churn
+    spec, _, _ = churn
     one = prepare_data(spec)
     frame = pd.read_csv(spec.data.source.path)
     folder = tmp_path / "parts"
@@ -141,7 +149,7 @@ def test_data_cache_hits_unchanged_data_and_misses_on_any_change(churn, tmp_path
     from rayline.data.cache import DataCache
     from rayline.spec import apply_overrides
 
-    spec, _ = churn
+    spec, _, _ = churn
     data_file = tmp_path / "churn.csv"
     shutil.copy(spec.data.source.path, data_file)
     spec = apply_overrides(spec, {"data.source.path": str(data_file)})
@@ -199,7 +207,7 @@ def test_ray_data_fit_equals_pandas_fit(churn):
     from rayline.data.preprocess import FeatureInfo, LabelInfo, fit_preprocessing
     from rayline.spec import apply_overrides
 
-    spec, _ = churn
+    spec, _, _ = churn
     spec = apply_overrides(spec, {"data.preprocess": [
         {"impute": {"columns": ["tenure"], "strategy": "median"}},
         {"impute": {"columns": ["plan"], "strategy": "most_frequent"}},
@@ -244,10 +252,9 @@ def _registered_epoch(pattern):
 
 FAULT_EPOCHS = 6  # a worker is killed once a checkpoint of epoch >= 1 is registered; the rest show the resume
 FAULT_MODELS = {
-    # torch with train.strategy fsdp (its 2 workers each hold half of the parameters and optimizer
-    # state; checkpoints gather the full state): the restart reshards the checkpoint. torch DDP's
-    # restore from a checkpoint is what the PBT test exercises (test_tune_strategies.py).
-    "torch": {"framework": "torch", "kind": "mlp", "params": {"hidden_sizes": [16]}},
+    # torch: the module's churn run (FSDP, the `churn` fixture): the restart reshards the checkpoint.
+    # torch DDP's restore from a checkpoint is what the PBT test exercises (test_tune_strategies.py).
+    "torch": None,
     "tensorflow": {"framework": "tensorflow", "kind": "mlp", "params": {"hidden_sizes": [16]}},
     # Not xgboost (its run here cost the suite ~50 s): restarting the worker group after a dead
     # worker is Ray Train's, the same for every framework, and xgboost's restore from a checkpoint
@@ -256,20 +263,13 @@ FAULT_MODELS = {
 }
 
 
-@pytest.mark.parametrize("framework", sorted(FAULT_MODELS))
-def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework, tmp_path):
-    """SIGKILL one training worker after a checkpoint exists; training resumes from it, not from epoch 0:
-    the restarted workers train from exactly that checkpoint's weights and optimizer state (FSDP: resharded),
-    and train on from there."""
-    from .restore_evidence import assert_restored, copy_checkpoints, latest_checkpoint
-    from rayline.spec import apply_overrides
+def _run_killing_a_worker(spec, ws, copies_dir):
+    """Run `spec` in a thread and SIGKILL one training worker once Ray Train has *registered* a
+    checkpoint of epoch >= 1 (its manager snapshot names one: a checkpoint directory that exists but
+    is not registered yet is not resumed from). (summary, {"killed": pid, "registered": epoch,
+    "copies": the run's checkpoints copied at the kill}); asserts the kill happened and the run finished."""
+    from .restore_evidence import copy_checkpoints
 
-    spec, _ = churn
-    epochs = FAULT_EPOCHS
-    spec = apply_overrides(spec, {"name": f"churn-faulty-{framework}", "model": FAULT_MODELS[framework],
-                                  "train.epochs": epochs, "train.batch_size": 8,
-                                  **({"train.strategy": "fsdp"} if framework == "torch" else {})})
-    spec = spec.model_copy(update={"serve": None})
     outcome = {}
 
     def target():
@@ -280,10 +280,9 @@ def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    # Kill only once Ray Train has *registered* a checkpoint (its manager snapshot names
-    # one): a checkpoint directory that exists but is not registered yet is not resumed from.
-    snapshots = os.path.join(ws.runs_dir, f"churn-faulty-{framework}-*", "train", "checkpoint_manager_snapshot.json")
-    killed = registered = None
+    # This run's folder (NAME-YYYYMMDD-...), not another pipeline's whose name starts with this one's.
+    snapshots = os.path.join(ws.runs_dir, f"{spec.name}-[0-9]*", "train", "checkpoint_manager_snapshot.json")
+    killed = registered = copies = None
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and thread.is_alive():
         registered = _registered_epoch(snapshots)
@@ -295,17 +294,34 @@ def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework
                 # No report completes without the dead worker, so no checkpoint registers (and none
                 # is deleted) until the restarted attempt has restored: the one it restores is here.
                 (run_dir,) = glob.glob(os.path.dirname(snapshots))
-                copies = copy_checkpoints(run_dir, str(tmp_path / "at-kill"))
+                copies = copy_checkpoints(run_dir, str(copies_dir))
                 break
         time.sleep(0.05)
     assert killed, f"no training worker was found to kill before training ended: {outcome}"
     thread.join(600)
     assert not thread.is_alive(), "training did not finish within 10 minutes of the kill"
     assert "error" not in outcome, f"the run failed after the kill: {outcome.get('error')!r}"
-    summary = outcome["summary"]
+    return outcome["summary"], {"killed": killed, "registered": registered, "copies": copies}
+
+
+@pytest.mark.parametrize("framework", sorted(FAULT_MODELS))
+def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework, tmp_path):
+    """SIGKILL one training worker after a checkpoint exists; training resumes from it, not from epoch 0:
+    the restarted workers train from exactly that checkpoint's weights and optimizer state (FSDP: resharded),
+    and train on from there."""
+    from .restore_evidence import assert_restored, latest_checkpoint
+    from rayline.spec import apply_overrides
+
+    spec, summary, fault = churn
+    if FAULT_MODELS[framework] is not None:
+        spec = apply_overrides(spec, {"name": f"churn-faulty-{framework}", "model": FAULT_MODELS[framework],
+                                      "train.strategy": "ddp"})
+        spec = spec.model_copy(update={"serve": None})
+        summary, fault = _run_killing_a_worker(spec, ws, tmp_path / "at-kill")
+    epochs = spec.train.epochs
     assert summary.resumed_from, "training did not resume from a checkpoint"
     resumed_at = summary.resumed_from[0]
-    assert resumed_at >= registered  # from the checkpoint registered before the kill, or a later one
+    assert resumed_at >= fault["registered"]  # from the checkpoint registered before the kill, or a later one
     history = summary.trials[0].result.history
     # Every epoch exactly once, and the epochs up to the checkpoint were trained before the
     # restart (resumed == 0), the rest after it: resumed, not restarted from epoch 0.
@@ -313,25 +329,22 @@ def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework
     assert [row["resumed"] for row in history] == [0] * (resumed_at + 1) + [1] * (epochs - resumed_at - 1)
     # The restarted workers' live state before their first step was that checkpoint's, not a fresh model's.
     result = summary.trials[0].result
-    (restore,) = assert_restored(result.starts, result.resumed_from, copies, latest_checkpoint(result.run_dir))
+    (restore,) = assert_restored(result.starts, result.resumed_from, fault["copies"], latest_checkpoint(result.run_dir))
     assert restore["epoch"] == resumed_at
     if framework == "torch":
         _sharded_model_serves_as_trained(summary, ws)
 
 
 def _sharded_model_serves_as_trained(summary, ws):
-    """The FSDP run's checkpoint holds the full weights: one Serve replica loads them and answers
+    """The FSDP run's checkpoint holds the full weights: its endpoint's replicas load them and answer
     what the offline model (rayline.load_model) predicts."""
     from rayline import load_model
-
-    from .conftest import deploy_registered
 
     start = next(detail for stage, event, detail in summary.events if stage == "train" and event == "start")
     assert "fsdp (sharded)" in start, start
     rows = [GOOD, {**GOOD, "plan": "basic", "tenure": 3.0}, {**GOOD, "tenure": None, "fee": 80.0}]
     offline = load_model(summary.name, summary.version, workspace=str(ws.root)).predict(rows, probabilities=True)
-    url = deploy_registered("churnfsdp", summary, ws)
-    served = httpx.post(f"{url}/predict", json={"instances": rows, "probabilities": True}, timeout=60).json()
+    served = httpx.post(f"{summary.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60).json()
     assert served["predictions"] == offline["predictions"]
     for got, want in zip(served["probabilities"], offline["probabilities"]):
         assert got == pytest.approx(want)

@@ -35,13 +35,18 @@ def images_run(ray_session, ws, folder):
     from rayline.spec import apply_overrides, load_spec
 
     path = ROOT / "pipelines" / "digits-images-cnn.yaml"
-    spec = apply_overrides(load_spec(path), {"data.source.path": str(folder), "train.workers": 1})
+    spec = apply_overrides(load_spec(path), {"data.source.path": str(folder), "train.workers": 1,
+                                             **{f"serve.{key}": value for key, value in SERVE.items()}})
     return run(spec, ws, spec_path=str(path))
+
+
+# How the run deploys its endpoint, and what the module's tests ask of it: the same, so no redeploy.
+SERVE = {"oip": True, "resources_per_replica": {"cpus": 0.1}, "replicas": {"min": 1, "max": 1}}
 
 
 @pytest.fixture(scope="module")
 def endpoint(images_run, ws):
-    return ensure_served(images_run, ws, oip=True, resources_per_replica={"cpus": 0.1}, replicas={"min": 1, "max": 1})
+    return ensure_served(images_run, ws, **SERVE)
 
 
 def _files(folder, n):
