@@ -20,9 +20,34 @@ __all__ = ["ModelSpec", "OptimizerSpec", "WorkersRange", "GRAD_COMPRESSIONS", "G
 
 _IMPORT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
+# Frameworks that distributed-ML surveys name and rayline does not train with: why, and what to use.
+_RETIRED_FRAMEWORKS = {
+    "mxnet": "Apache MXNet was retired to the Apache Attic in 2023 and gets no releases or fixes; port the model "
+             "to torch (Gluon's layers have torch.nn counterparts) or tensorflow",
+    "cntk": "Microsoft CNTK has not been developed since 2019 (its last release, 2.7); port the model to torch "
+            "or tensorflow (ONNX can carry the weights across)",
+}
+# Ways of distributing training that are settings, not frameworks: what rayline does instead.
+_ALLREDUCE = ("rayline trains with ring all-reduce already: torch DDP (or FSDP: train.strategy), TensorFlow's "
+              "MultiWorkerMirroredStrategy and xgboost's collective, over train.workers; no parameter servers")
+_DISTRIBUTION_NAMES = {"horovod": "Horovod", "parameter_server": "a parameter server",
+                       "parameter-server": "a parameter server", "ps": "a parameter server"}
+
+
+def _not_a_framework(value) -> Optional[Problem]:
+    name = value.strip().lower() if isinstance(value, str) else None
+    if name in _RETIRED_FRAMEWORKS:
+        return Problem((), _RETIRED_FRAMEWORKS[name], got=repr(value), allowed=", ".join(BACKENDS))
+    if name in _DISTRIBUTION_NAMES:
+        return Problem((), f"{_DISTRIBUTION_NAMES[name]} is a way to distribute training, not a framework: {_ALLREDUCE}",
+                       got=repr(value), allowed=", ".join(BACKENDS))
+    return None
+
 
 class ModelSpec(Strict):
-    framework: Literal["torch", "tensorflow", "xgboost"] = Field(description="Which training backend.")
+    framework: Literal["torch", "tensorflow", "xgboost"] = Field(
+        description="Which training backend. MXNet and CNTK are retired (port to torch or tensorflow); Horovod's "
+                    "ring all-reduce is how every backend already trains over train.workers.")
     kind: Optional[str] = Field(None, description="A built-in model: mlp (torch, tensorflow); cnn (image features), "
                                                  "text_cnn or transformer (text features), each with any tabular ones "
                                                  "(torch, tensorflow); gbdt (xgboost).")
@@ -34,6 +59,14 @@ class ModelSpec(Strict):
                     "(images: name, start, stop, shape; tabular: positions).",
     )
     params: dict[str, Any] = Field(default_factory=dict, description="Passed to the model builder.")
+
+    @field_validator("framework", mode="before")
+    @classmethod
+    def _known_framework(cls, v):
+        found = _not_a_framework(v)
+        if found is not None:
+            raise SpecProblem(found)
+        return v
 
     @model_validator(mode="after")
     def _kind_or_import(self):
@@ -204,6 +237,14 @@ class TrainSpec(Strict):
     @property
     def max_workers(self) -> int:
         return self.workers.max if isinstance(self.workers, WorkersRange) else self.workers
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _no_parameter_servers(cls, v):
+        name = v.strip().lower() if isinstance(v, str) else None
+        if name in _DISTRIBUTION_NAMES:
+            raise SpecProblem(Problem((), f"{_DISTRIBUTION_NAMES[name]}: {_ALLREDUCE}", got=repr(v), allowed="ddp, fsdp"))
+        return v
 
     @field_validator("resources_per_worker", mode="before")
     @classmethod
