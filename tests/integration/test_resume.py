@@ -63,8 +63,11 @@ def _states(ws: Path, trial_dir: Path) -> dict[int, float]:
     out = {}
     for ckpt in trial_dir.glob("checkpoint_*"):
         state = read_state(str(ckpt))
-        if state:
-            out[state["epoch"]] = (ckpt / STATE_FILE).stat().st_mtime
+        try:
+            if state:
+                out[state["epoch"]] = (ckpt / STATE_FILE).stat().st_mtime
+        except FileNotFoundError:
+            continue  # Ray Train deleted this older checkpoint between the read and the stat (checkpoint_keep)
     return out
 
 
