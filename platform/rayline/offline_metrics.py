@@ -65,9 +65,15 @@ def _here(artifact_dir: str, rows):
 
     predictor, total = Predictor(artifact_dir), None
     for batch in rows.iter_batches(batch_format="pyarrow", batch_size=None):
-        part = predictor.metric_partials(batch.to_pandas(ignore_metadata=True))
+        part = _partials(predictor, batch)
         total = part if total is None else total.merge(part)
     return total
+
+
+def _partials(predictor, table):
+    """One block's raw rows (a pyarrow table) -> their MetricPartials."""
+    # ignore_metadata: strings as pandas' default columns, as `pd.read_csv` and serving give them.
+    return predictor.metric_partials(table.to_pandas(ignore_metadata=True))
 
 
 def _in_tasks(artifact_dir: str, rows):
@@ -99,9 +105,7 @@ def _block_partials(table, artifact, digest: str):
     """One block's raw rows -> a one-row table holding their pickled MetricPartials."""
     import pyarrow as pa
 
-    predictor = _predictor(artifact, digest)
-    # ignore_metadata: strings as pandas' default columns, as `pd.read_csv` and serving give them.
-    part = predictor.metric_partials(table.to_pandas(ignore_metadata=True))
+    part = _partials(_predictor(artifact, digest), table)
     return pa.table({_PARTIAL: pa.array([pickle.dumps(part)], type=pa.binary())})
 
 
