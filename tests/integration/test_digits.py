@@ -177,6 +177,41 @@ def test_the_two_torch_workers_valid_metrics_are_the_whole_splits(digits, test_s
         assert digits.valid_metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
+def test_a_shard_held_in_memory_trains_as_well_as_a_streamed_one_and_each_run_records_which(digits, test_split):
+    """train.in_memory (rayline/train/loop.py's shard_plan): digits' shard fits its workers' memory
+    budget, so the sweep's workers fetched it once and sliced batches in memory, recorded with the
+    figures that decided it; and the same training streamed from Ray Data every epoch reaches the
+    same metrics within noise (same seed, same data; each run here in Ray Train's local mode, the
+    torch loop in this process)."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from rayline.pipeline.training import plan_training
+    from rayline.spec import apply_overrides, load_spec
+    from rayline.train.loop import read_state
+    from rayline.train.run import _datasets, loop_config
+    from rayline.train.torch_backend import BACKEND
+
+    starts = read_state(_winner(digits).checkpoint_dir)["starts"]
+    shard = starts[0]["train_shard"]
+    assert {s["train_shard"]["kind"] for s in starts} == {"memory"}, starts
+    assert shard["shard_rows"] == -(-digits.rows["train"] // 2) and shard["setting"] == "auto"
+    assert 0 < shard["estimated_bytes"] <= shard["budget_bytes"] / 2
+
+    _, _, _, data = test_split
+    spec = apply_overrides(load_spec(ROOT / "pipelines" / "digits-torch.yaml"), {"train.epochs": 4, "train.workers": 1})
+    final = {}
+    for setting in ("always", "never"):
+        config = loop_config(apply_overrides(spec, {"train.in_memory": setting}), data, plan_training(spec), [])
+        trainer = TorchTrainer(BACKEND.train_loop, train_loop_config=config, datasets=_datasets(data),
+                               scaling_config=ray.train.ScalingConfig(num_workers=0))  # local mode
+        final[setting] = trainer.fit().metrics
+    assert final["always"]["epoch"] == final["never"]["epoch"] == 3
+    assert min(final["always"]["accuracy"], final["never"]["accuracy"]) > 0.9, final
+    assert abs(final["always"]["accuracy"] - final["never"]["accuracy"]) <= 0.03, final
+    assert abs(final["always"]["log_loss"] - final["never"]["log_loss"]) <= 0.1, final
+
+
 def test_test_metrics_per_block_in_tasks_or_here_equal_one_process_and_bad_rows_name_the_column(test_split):
     import ray.data
 

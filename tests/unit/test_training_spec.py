@@ -42,6 +42,9 @@ def _raw(framework: str = "torch", **train) -> dict:
      r"train\.resources_per_worker\.GPU: framework torch trains on one GPU per worker .*\(got 2; allowed: 1 or less, "
      r"with more train\.workers \(tensorflow mirrors over a worker's GPUs\)\)$"),
     ("xgboost", {"use_gpu": True, "resources_per_worker": {"GPU": 1.5}}, r"train\.resources_per_worker\.GPU: framework xgboost"),
+    ("xgboost", {"in_memory": "always"}, r"train\.in_memory: framework xgboost holds its train shard as its own matrix "
+                                         r"\(model\.params\.external_memory: .*\(got always; allowed: auto \(torch and tensorflow"),
+    ("torch", {"in_memory": "yes"}, r"train\.in_memory: Input should be 'auto', 'always' or 'never' \(got 'yes'\)"),
 ])
 def test_what_a_framework_or_its_workers_cannot_do_is_one_line_naming_the_key(framework, train, message):
     with pytest.raises(SpecError) as info:
@@ -56,6 +59,8 @@ def test_what_they_can_do_is_accepted_and_the_effective_batch_is_known():
     assert parse_spec(_raw("torch", precision="fp16", use_gpu=True)).train.precision == "fp16"
     assert parse_spec(_raw("tensorflow", precision="fp16", use_gpu=True, resources_per_worker={"GPU": 0.5})).train.precision == "fp16"
     assert parse_spec(_raw("xgboost")).train.precision == "fp32"
+    assert [parse_spec(_raw(f, in_memory=m)).train.in_memory for f, m in [("torch", "never"), ("tensorflow", "always")]] == [
+        "never", "always"]
     # tensorflow mirrors over the GPUs of one worker (MirroredStrategy; rayline/train/tf_steps.py).
     assert parse_spec(_raw("tensorflow", use_gpu=True, resources_per_worker={"GPU": 4}, workers=1)).train.resources_per_worker["GPU"] == 4
     fsdp = parse_spec(_raw("torch", strategy="fsdp", precision="bf16", grad_accumulation=2, workers={"min": 2, "max": 4}))

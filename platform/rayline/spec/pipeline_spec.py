@@ -163,6 +163,10 @@ class PipelineSpec(Strict):
         if train.grad_accumulation > 1 and not info.grad_accumulation:
             return problem(("train", "grad_accumulation"), f"framework {framework} has no mini-batches to accumulate "
                            "(each boosting round uses every row)", got=str(train.grad_accumulation), allowed="1")
+        if train.in_memory != "auto" and not info.grad_accumulation:  # no mini-batches: nothing to slice in memory
+            return problem(("train", "in_memory"), f"framework {framework} holds its train shard as its own matrix "
+                           "(model.params.external_memory: auto | always | never)", got=train.in_memory,
+                           allowed="auto (torch and tensorflow take always or never)")
         return None
 
     @property

@@ -221,6 +221,11 @@ class TrainSpec(Strict):
     grad_compression: GradCompression = Field(
         default_factory=GradCompression, description="DDP gradient compression: none | fp16 | bf16 | powersgd, or "
                                                      "{powersgd: {rank, start_iter}}. torch, 2 or more workers.")
+    in_memory: Literal["auto", "always", "never"] = Field(
+        "auto", description="How a torch or tensorflow worker holds its train shard: always fetched once into memory, "
+                            "batches sliced there with a fresh permutation each epoch (fast for small rows); never: "
+                            "streamed from Ray Data every epoch; auto: in memory when the shard takes at most half "
+                            "of the worker's memory budget. The choice is recorded with each run.")
 
     @property
     def effective_batch_size(self) -> int:

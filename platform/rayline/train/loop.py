@@ -28,12 +28,14 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from rayline.workspace import owned_tempdir, sweep_orphans
 
 __all__ = ["with_last", "Throughput", "TRAINING_STATS", "EpochReporter", "STATE_FILE", "MODEL_DIR", "CKPT_PREFIX", "RESTORE_PREFIX", "read_state", "shard_arrays", "shard_batches",
-           "STREAMED", "streamed_preprocessing", "model_ready", "sha256_of", "own_valid_rows", "eval_chunks", "combine_metrics"]
+           "STREAMED", "streamed_preprocessing", "model_ready", "sha256_of", "own_valid_rows", "eval_chunks", "combine_metrics",
+           "ShardPlan", "shard_plan", "available_memory", "epoch_order", "fewest_rows"]
 
 STATE_FILE = "rayline_state.json"
 MODEL_DIR = "model"
@@ -120,6 +122,82 @@ def shard_batches(shard, num_features: int, label_dtype, preprocessing=None) -> 
         n = len(batch["label"])
         yield (np.asarray(batch["features"], dtype=np.float32).reshape(n, num_features),
                np.asarray(batch["label"], dtype=label_dtype))
+
+
+# A shard goes in memory (`train.in_memory: auto`) when it takes at most this share of the worker's
+# budget: the rest is for the model, its gradients and optimizer state, a batch's activations, the
+# valid rows, Python and the framework themselves.
+_IN_MEMORY_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """How one torch or tensorflow worker holds its train shard, and the figures that decided it.
+
+    kind "memory": fetched once from Ray Data in large blocks; each epoch slices mini-batches from
+    it in a fresh permutation (`epoch_order`): no Ray Data iterator, collation or local shuffle
+    buffer per step, which cost more than a small model's forward and backward (issue 37: 0.31x
+    the hand-written DDP loop). kind "stream": read from Ray Data every epoch, as before; the only
+    kind for rows as read (images decoded per batch) and for a shard over the budget."""
+
+    kind: str
+    shard_rows: int
+    estimated_bytes: int  # features (float32) and labels of shard_rows
+    budget_bytes: int
+    budget_source: str  # "reserved" (resources_per_worker.memory) or "available" (node memory share)
+    setting: str  # train.in_memory
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "shard_rows": self.shard_rows, "estimated_bytes": self.estimated_bytes,
+                "budget_bytes": self.budget_bytes, "budget_source": self.budget_source, "setting": self.setting}
+
+
+def shard_plan(setting: str, train_rows: int, world_size: int, num_features: int, *, streamed: bool,
+               reserved_bytes: float | None, available_bytes: int, local_workers: int) -> ShardPlan:
+    """Decide, before reading, how a worker holds its shard (`train.in_memory`: auto | always | never).
+    The budget is the worker's reserved Ray memory when it reserves some, else the node's available
+    memory divided among this run's workers on the node (as xgboost's matrix_plan)."""
+    shard_rows = -(-max(0, int(train_rows)) // max(1, world_size))
+    estimate = shard_rows * (num_features * 4 + 8)
+    if reserved_bytes:
+        budget, source = int(reserved_bytes), "reserved"
+    else:
+        budget, source = int(available_bytes // max(1, local_workers)), "available"
+    if streamed or setting == "never":
+        kind = "stream"
+    elif setting == "always":
+        kind = "memory"
+    else:
+        kind = "memory" if estimate <= _IN_MEMORY_SHARE * budget else "stream"
+    return ShardPlan(kind, shard_rows, estimate, budget, source, setting)
+
+
+def available_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def epoch_order(rows: int, seed: int, epoch: int, rank: int):
+    """The order an in-memory shard's rows train in at `epoch` on `rank`: a permutation drawn anew
+    every epoch, the same for the same seed (a resumed run's epoch trains its rows in the order the
+    interrupted one would have)."""
+    import numpy as np
+
+    return np.random.default_rng([int(seed), int(epoch), int(rank)]).permutation(rows)
+
+
+def fewest_rows(rows: int, rank: int, world: int, allreduce_sum: Callable) -> int:
+    """The fewest rows any worker holds (over the framework's collective, as combine_metrics): an
+    in-memory shard keeps that many, since DDP's and MultiWorkerMirroredStrategy's collectives need
+    the same number of steps on every worker. Ray's split is equal already; this makes sure."""
+    import numpy as np
+
+    if world == 1:
+        return int(rows)
+    table = np.zeros(world, dtype=np.int64)
+    table[rank] = rows
+    return int(np.asarray(allreduce_sum(table), dtype=np.int64).reshape(world).min())
 
 
 def shard_arrays(shard, num_features: int, label_dtype):

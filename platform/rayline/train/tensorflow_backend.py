@@ -27,8 +27,9 @@ from rayline.inference.tensorflow_model import (PREDICT_BATCH, WEIGHTS_FILE, bui
                                                  use_legacy_keras)
 from rayline.inference.tensorflow_model import outputs as model_outputs
 from rayline.train.backend import Backend
-from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, eval_chunks, model_ready, own_valid_rows,
-                                sha256_of, streamed_preprocessing, with_last)
+from rayline.train.loop import (EpochReporter, Throughput, available_memory, combine_metrics, epoch_order, eval_chunks,
+                                fewest_rows, model_ready, own_valid_rows, sha256_of, shard_arrays, shard_plan,
+                                streamed_preprocessing, with_last)
 from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
 from rayline.train.tf_steps import TfSteps, make_strategy
@@ -105,10 +106,17 @@ class TensorflowBackend(Backend):
         # What this attempt trains from, read from the live variables (every rank reads: reads can be
         # collectives): the weights in model.get_weights() order, the optimizer's variables (iterations
         # first) in their order; as weights.npz and optimizer.npz hold them.
+        streamed = streamed_preprocessing(config)
+        # train.in_memory: the shard fetched once and sliced here, or streamed every epoch (loop.py).
+        plan = shard_plan(config.get("in_memory", "auto"), config.get("train_rows", 0), reporter.world_size, num_features,
+                          streamed=streamed is not None, reserved_bytes=config.get("memory_per_worker"),
+                          available_bytes=available_memory(),
+                          local_workers=ray.train.get_context().get_local_world_size())
         reporter.record_start({
             "weights_sha256": sha256_of(np.ascontiguousarray(w).tobytes() for w in model.get_weights()),
             "optimizer_sha256": sha256_of(np.ascontiguousarray(np.asarray(v.numpy())).tobytes()
                                           for v in optimizer.variables),
+            "train_shard": plan.as_dict(),
         })
         probabilities = classification and emits_probabilities(model)
         label_dtype = np.int64 if classification else np.float32
@@ -132,15 +140,24 @@ class TensorflowBackend(Backend):
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()
         probe_x = probe_features(num_features)  # the probe rows of the test split (rayline/train/probe.py)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
-        streamed = streamed_preprocessing(config)
+        if plan.kind == "memory":  # every worker keeps as many rows: MWMS's collectives need as many steps
+            resident_x, resident_y = shard_arrays(train_shard, num_features, label_dtype)
+            rows = fewest_rows(len(resident_y), reporter.rank, reporter.world_size, allreduce_sum)
+            resident_x, resident_y = resident_x[:rows], resident_y[:rows]
 
         for epoch in range(reporter.start_epoch, config["epochs"]):
-            # Ray's split is equal=True: every worker runs the same number of steps,
-            # which MultiWorkerMirroredStrategy's collectives require.
-            batches = train_shard.iter_batches(
-                batch_size=per_worker_batch, batch_format="numpy" if streamed is None else "pandas",
-                local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
-            )
+            if plan.kind == "memory":
+                order = epoch_order(len(resident_y), config["seed"], epoch, reporter.rank)
+                batches = ({"features": resident_x[order[i:i + per_worker_batch]],
+                            "label": resident_y[order[i:i + per_worker_batch]]}
+                           for i in range(0, len(order), per_worker_batch))
+            else:
+                # Ray's split is equal=True: every worker runs the same number of steps,
+                # which MultiWorkerMirroredStrategy's collectives require.
+                batches = train_shard.iter_batches(
+                    batch_size=per_worker_batch, batch_format="numpy" if streamed is None else "pandas",
+                    local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
+                )
             meter = Throughput()
             for batch, last in with_last(batches):
                 if streamed is not None:  # rows as read (images): transformed here, batch by batch

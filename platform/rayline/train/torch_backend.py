@@ -12,8 +12,9 @@ import numpy as np
 from rayline.inference.arch import ARCH_FILE
 from rayline.inference.torch_model import WEIGHTS_FILE, build_model
 from rayline.train.backend import Backend
-from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, eval_chunks, model_ready, own_valid_rows,
-                                sha256_of, streamed_preprocessing, with_last)
+from rayline.train.loop import (EpochReporter, Throughput, available_memory, combine_metrics, epoch_order, eval_chunks,
+                                fewest_rows, model_ready, own_valid_rows, sha256_of, shard_arrays, shard_plan,
+                                streamed_preprocessing, with_last)
 from rayline.inference.outputs import softmax
 from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
@@ -100,13 +101,21 @@ class TorchBackend(Backend):
                     log.warning("rayline: the checkpoint's optimizer state does not fit (%s); the optimizer starts afresh", exc)
             model = ray.train.torch.prepare_model(model)
             register_compression(model, config.get("grad_compression"))
+        num_features = config["arch"]["num_features"]
+        streamed = _collate(streamed_preprocessing(config), num_features, np.int64 if classification else np.float32)
+        # train.in_memory: the shard fetched once and sliced here, or streamed every epoch (loop.py).
+        plan = shard_plan(config.get("in_memory", "auto"), config.get("train_rows", 0), reporter.world_size, num_features,
+                          streamed=streamed is not None, reserved_bytes=config.get("memory_per_worker"),
+                          available_bytes=available_memory(),
+                          local_workers=ray.train.get_context().get_local_world_size())
         # What this attempt trains from, read from the live model and optimizer (sharded: gathered,
         # a collective every rank joins; rank 0 holds the full state and writes the record).
         if sharded:
-            reporter.record_start(state_digests(*torch_fsdp.full_state(model, optimizer)))
+            evidence = state_digests(*torch_fsdp.full_state(model, optimizer))
         else:
-            reporter.record_start(state_digests((model.module if hasattr(model, "module") else model).state_dict(),
-                                                optimizer.state_dict()))
+            evidence = state_digests((model.module if hasattr(model, "module") else model).state_dict(),
+                                     optimizer.state_dict())
+        reporter.record_start({**evidence, "train_shard": plan.as_dict()})
         loss_fn = torch.nn.CrossEntropyLoss() if classification else torch.nn.MSELoss()
         label_dtype = torch.long if classification else torch.float32
         train_shard = ray.train.get_dataset_shard("train")
@@ -124,13 +133,13 @@ class TorchBackend(Backend):
             tensor = torch.from_numpy(values).to(device)
             dist.all_reduce(tensor)
             return tensor.cpu().numpy()
+        resident = (_ResidentShard(train_shard, num_features, np.int64 if classification else np.float32, device,
+                                   reporter, allreduce_sum) if plan.kind == "memory" else None)
         # The probe rows of the test split (rayline/train/probe.py), predicted below at every epoch.
         probe_x = probe_features(config["arch"]["num_features"])
         probe_x = None if probe_x is None else torch.from_numpy(probe_x).to(device)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
         dtypes = {"features": torch.float32, "label": label_dtype}
-        streamed = _collate(streamed_preprocessing(config), config["arch"]["num_features"],
-                            np.int64 if classification else np.float32)
 
         # train.precision and train.grad_accumulation (rayline/train/torch_steps.py).
         steps = TorchSteps(model, optimizer, precision=config.get("precision", "fp32"),
@@ -143,12 +152,15 @@ class TorchBackend(Backend):
         for epoch in range(reporter.start_epoch, config["epochs"]):
             model.train()
             optimizer.zero_grad(set_to_none=True)
-            batches = train_shard.iter_torch_batches(
-                batch_size=per_worker_batch, device=device,
-                local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
-                # Rows as read (images): transformed in Ray Data's prefetch threads, beside the steps.
-                **({"collate_fn": streamed, "prefetch_batches": 2} if streamed is not None else {"dtypes": dtypes}),
-            )
+            if resident is not None:
+                batches = resident.batches(per_worker_batch, config["seed"], epoch, reporter.rank)
+            else:
+                batches = train_shard.iter_torch_batches(
+                    batch_size=per_worker_batch, device=device,
+                    local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
+                    # Rows as read (images): transformed in Ray Data's prefetch threads, beside the steps.
+                    **({"collate_fn": streamed, "prefetch_batches": 2} if streamed is not None else {"dtypes": dtypes}),
+                )
             meter = Throughput()
             for batch, last in with_last(batches):
                 steps.micro_batch(lambda: loss_of(batch), last)
@@ -198,6 +210,47 @@ class TorchBackend(Backend):
         import torch
 
         return {"torch": torch.__version__}
+
+
+class _ResidentShard:
+    """A worker's train shard held in memory for the whole run (ShardPlan kind "memory").
+
+    Fetched once, in Ray Data's large blocks; on a GPU it lives on the device when it takes at most
+    half of the device's free memory (a batch is then an index into it, no copy per step), else in
+    pinned host memory, each batch copied asynchronously. Every rank keeps the fewest rows any rank
+    has (loop.py's fewest_rows)."""
+
+    def __init__(self, shard, num_features: int, label_dtype, device, reporter, allreduce_sum):
+        import torch
+
+        x, y = shard_arrays(shard, num_features, label_dtype)
+        rows = fewest_rows(len(y), reporter.rank, reporter.world_size, allreduce_sum)
+        self.x, self.y = torch.from_numpy(x[:rows]), torch.from_numpy(y[:rows])
+        self.device = device
+        self.on_device = device.type == "cpu"
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            if self.x.nbytes + self.y.nbytes <= free // 2:
+                self.x, self.y, self.on_device = self.x.to(device), self.y.to(device), True
+            else:
+                self.x, self.y = self.x.pin_memory(), self.y.pin_memory()
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def batches(self, batch_size: int, seed: int, epoch: int, rank: int):
+        """This epoch's mini-batches: slices of a fresh permutation (loop.py's epoch_order)."""
+        import torch
+
+        order = torch.from_numpy(epoch_order(len(self), seed, epoch, rank))
+        if self.on_device:
+            order = order.to(self.device)
+        for start in range(0, len(order), batch_size):
+            index = order[start:start + batch_size]
+            x, y = self.x.index_select(0, index), self.y.index_select(0, index)
+            if not self.on_device:
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            yield {"features": x, "label": y}
 
 
 @contextlib.contextmanager

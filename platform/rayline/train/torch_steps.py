@@ -74,9 +74,10 @@ class TorchSteps:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
 
-    def micro_batch(self, loss_of: Callable[[], object], last: bool) -> float:
+    def micro_batch(self, loss_of: Callable[[], object], last: bool):
         """Forward + backward of one micro-batch; steps the optimizer at the end of a group of
-        N, or at `last` (the epoch's final micro-batch). Returns the micro-batch's loss."""
+        N, or at `last` (the epoch's final micro-batch). Returns the micro-batch's loss, a detached
+        tensor on the device: reading it as a number would wait for the GPU at every step."""
         self._pending += 1
         sync = last or self._pending == self.accumulation
         context = contextlib.nullcontext()
@@ -91,7 +92,7 @@ class TorchSteps:
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if sync:
             self._step()
-        return float(loss.detach())
+        return loss.detach()
 
     def _step(self) -> None:
         if self._pending < self.accumulation:  # a short last group: its mean, not 1/N of a sum

@@ -46,8 +46,8 @@ from rayline.inference.arch import ARCH_FILE
 from rayline.inference.xgboost_model import MODEL_FILE
 from rayline.inference.xgboost_model import outputs as model_outputs
 from rayline.train.backend import Backend
-from rayline.train.loop import (EpochReporter, Throughput, combine_metrics, own_valid_rows, sha256_of, shard_batches,
-                                streamed_preprocessing)
+from rayline.train.loop import (EpochReporter, Throughput, available_memory, combine_metrics, own_valid_rows, sha256_of,
+                                shard_batches, streamed_preprocessing)
 from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
 from rayline.workspace import owned_tempdir, sweep_orphans
@@ -185,12 +185,6 @@ def train_matrix(batches: Callable[[], Iterable], params: dict, num_features: in
     return xgb.QuantileDMatrix(it, max_bin=max_bin, nthread=nthread), it.rows
 
 
-def _available_memory() -> int:
-    import psutil
-
-    return int(psutil.virtual_memory().available)
-
-
 def _settings(config: dict) -> tuple[dict, int, int, int, str]:
     """(xgboost params, num_boost_round, early_stopping_rounds, checkpoint_every, external_memory)
     from the loop config."""
@@ -230,7 +224,7 @@ class XGBoostBackend(Backend):
         # sketch, over the collective).
         plan = matrix_plan(external, params.get("tree_method", "hist"), int(config.get("train_rows", 0)),
                            reporter.world_size, arch["num_features"], int(params.get("max_bin", 256)),
-                           config.get("memory_per_worker"), _available_memory(),
+                           config.get("memory_per_worker"), available_memory(),
                            ray.train.get_context().get_local_world_size())
         sweep_orphans(tempfile.gettempdir(), EXTMEM_PREFIX)  # left by a killed worker on this node
         cache_dir = owned_tempdir(tempfile.gettempdir(), EXTMEM_PREFIX) if plan.kind == "external" else None

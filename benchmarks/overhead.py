@@ -1,0 +1,266 @@
+"""What a run costs beyond its work, side by side with the same work written by hand (issue 37).
+
+    python benchmarks/overhead.py                  # every section, ~6 min on 2 cores
+    python benchmarks/overhead.py --only loop      # one section: loop | job
+    python benchmarks/overhead.py --json-out overhead.json
+
+Sections, each run here, in one process tree, and printed as a ratio:
+
+- **loop**: the torch training loop's steady-state samples/s. By hand: a DDP script of
+  `--workers` gloo ranks (torch.multiprocessing, one thread each, as rayline's plan gives one
+  worker per core), each rank a plain loop over its half of the rows as in-memory tensors with
+  a fresh permutation every epoch. rayline: `run_pipeline` of the same MLP (13 inputs -> 32 ->
+  16 -> 2, Adam 1e-3), the same global batch, workers and epochs, on the same rows as a CSV;
+  its per-epoch "samples_per_s" (the training loop alone, no validation or checkpoint), the
+  median of the epochs after the first (the first pays for the shard's fetch and the model's
+  warm-up, as the hand loop's first epoch pays for its own, which is left out alike).
+- **job**: the same pipeline on `--small-rows` rows, the whole job: the hand script's process
+  start to exit (torch import, gloo init, training, one checkpoint) against `rayline run
+  --no-serve` in a fresh process (CLI import, embedded Ray start and stop, data, train,
+  register), with rayline's own per-phase seconds.
+
+The load average is printed: on a shared machine it says how much to trust the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "platform"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+FEATURES = 13
+HIDDEN = (32, 16)
+
+
+def churn_like(path: Path, rows: int, seed: int = 0) -> Path:
+    """A churn-like binary problem: 13 numeric inputs, label "yes"/"no", as a CSV (made here, no download)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, FEATURES)).astype("float32")
+    score = x[:, 0] - 0.7 * x[:, 1] + 0.5 * x[:, 2] * x[:, 3] + rng.normal(scale=0.5, size=rows)
+    frame = pd.DataFrame(x, columns=[f"f{i}" for i in range(FEATURES)])
+    frame["churn"] = np.where(score > 0.6, "yes", "no")
+    frame.to_csv(path, index=False)
+    return path
+
+
+def spec_dict(data: Path, args, epochs: int) -> dict:
+    return {
+        "name": "bench-overhead",
+        "data": {"source": {"format": "csv", "path": str(data)}, "label": "churn",
+                 "split": {"valid": 0.1, "test": 0.1, "seed": 0},
+                 "preprocess": [{"standard_scale": {"columns": "numeric"}}]},
+        "task": "classification",
+        "model": {"framework": "torch", "kind": "mlp", "params": {"hidden_sizes": list(HIDDEN)}},
+        "train": {"workers": args.workers, "epochs": epochs, "batch_size": args.batch,
+                  "optimizer": {"name": "adam", "lr": 0.001}, "metric": "accuracy"},
+    }
+
+
+# ---- by hand ---------------------------------------------------------------------------------
+
+def _hand_rank(rank: int, world: int, data: str, args: dict, out: str) -> None:
+    """One rank of the hand-written DDP script: its half of the rows in memory, a plain loop."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    arrays = np.load(data)
+    x = torch.from_numpy(arrays["x"][rank::world].copy())
+    y = torch.from_numpy(arrays["y"][rank::world].copy())
+    layers, width = [], FEATURES
+    for hidden in HIDDEN:
+        layers += [torch.nn.Linear(width, hidden), torch.nn.ReLU()]
+        width = hidden
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers, torch.nn.Linear(width, 2)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    per_rank = args["batch"] // world
+    times = []
+    for epoch in range(args["epochs"]):
+        started = time.perf_counter()
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
+        for i in range(0, len(x), per_rank):
+            idx = order[i:i + per_rank]
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(model(x[idx]), y[idx]).backward()
+            optimizer.step()
+        times.append(time.perf_counter() - started)
+    if rank == 0:
+        state = {k: v for k, v in model.module.state_dict().items()}
+        torch.save(state, os.path.join(os.path.dirname(out), "hand-weights.pt"))
+        Path(out).write_text(json.dumps({"epoch_s": times, "rows": len(x) * world}))
+    dist.destroy_process_group()
+
+
+def _hand_main(data: str, workers: int, batch: int, epochs: int, out: str) -> None:
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    mp.start_processes(_hand_rank, args=(workers, data, {"batch": batch, "epochs": epochs}, out),
+                       nprocs=workers, start_method="spawn")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hand_arrays(csv: Path, out: Path) -> Path:
+    """The CSV's rows as the hand script holds them: standardized float32 features, int64 labels
+    (the train split's share is left to chance alike: every row is used; only speed is compared)."""
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.read_csv(csv)
+    x = frame[[f"f{i}" for i in range(FEATURES)]].to_numpy("float32")
+    x = (x - x.mean(0)) / x.std(0)
+    np.savez(out, x=x, y=(frame["churn"] == "yes").to_numpy("int64"))
+    return out
+
+
+def hand_job(arrays: Path, args, epochs: int, tmp: Path) -> dict:
+    """The hand script as a fresh process: wall seconds from start to exit and its epoch times."""
+    out = tmp / f"hand-{time.monotonic_ns()}.json"
+    started = time.monotonic()
+    subprocess.run([sys.executable, __file__, "--hand", str(arrays), str(args.workers), str(args.batch), str(epochs), str(out)],
+                   check=True)
+    wall = time.monotonic() - started
+    result = json.loads(out.read_text())
+    return {"wall_s": wall, "epoch_s": result["epoch_s"], "rows": result["rows"]}
+
+
+# ---- rayline -----------------------------------------------------------------------------------
+
+def rayline_loop(csv: Path, args, ws) -> dict:
+    """rayline's run of the same work (no serving) in this process; per-epoch samples/s."""
+    from rayline.pipeline.run import run_pipeline
+    from rayline.spec import parse_spec
+
+    summary = run_pipeline(parse_spec(spec_dict(csv, args, args.epochs)), ws, deploy=False)
+    (trial,) = summary.trials  # no sweep: the one training run
+    history = trial.result.history
+    return {"samples_per_s": [row["samples_per_s"] for row in history], "seconds": summary.seconds,
+            "valid_accuracy": summary.valid_metrics["accuracy"]}
+
+
+def rayline_job(csv: Path, args, epochs: int, tmp: Path) -> dict:
+    """`rayline run --no-serve` as a fresh process: wall seconds and the run's own phases."""
+    spec = tmp / f"job-{time.monotonic_ns()}.yaml"
+    import yaml
+
+    spec.write_text(yaml.safe_dump(spec_dict(csv, args, epochs)))
+    ws = tmp / f"ws-job-{time.monotonic_ns()}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "platform") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "rayline.cli", "run", str(spec), "--no-serve", "--workspace", str(ws)],
+                          capture_output=True, text=True, env=env, cwd=tmp)
+    wall = time.monotonic() - started
+    if done.returncode:
+        raise SystemExit(f"rayline run failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    from rayline.pipeline.record import RECORD_FILE
+
+    record = json.loads(next((ws / "runs").glob(f"*/{RECORD_FILE}")).read_text())
+    return {"wall_s": wall, "seconds": record.get("phases", {})}
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+def loop_section(tmp: Path, args) -> dict:
+    from rayline.cluster.connection import connect
+    from rayline.workspace import workspace
+
+    csv = churn_like(tmp / "churn-100k.csv", args.rows)
+    arrays = hand_arrays(csv, tmp / "churn-100k.npz")
+    hand = hand_job(arrays, args, args.epochs, tmp)
+    ws = workspace(str(tmp / "ws-loop")).ensure()
+    conn = connect(ws, None)
+    try:
+        ours = rayline_loop(csv, args, ws)
+    finally:
+        conn.shutdown()
+    hand_rate = median(hand["rows"] / s for s in hand["epoch_s"][1:])
+    # rayline trains on its train split only (80% of the rows): samples/s is rate, not rows, so it compares.
+    ours_rate = median(ours["samples_per_s"][1:])
+    return {"hand_samples_per_s": hand_rate, "rayline_samples_per_s": ours_rate, "ratio": ours_rate / hand_rate,
+            "rayline_epochs": ours["samples_per_s"], "hand_epoch_s": hand["epoch_s"],
+            "rayline_valid_accuracy": ours["valid_accuracy"]}
+
+
+def job_section(tmp: Path, args) -> dict:
+    csv = churn_like(tmp / "churn-small.csv", args.small_rows)
+    arrays = hand_arrays(csv, tmp / "churn-small.npz")
+    hand = [hand_job(arrays, args, args.small_epochs, tmp)["wall_s"] for _ in range(args.repeats)]
+    ours = [rayline_job(csv, args, args.small_epochs, tmp) for _ in range(args.repeats)]
+    phases = {k: median(o["seconds"].get(k, 0.0) for o in ours) for k in ours[0]["seconds"]}
+    return {"hand_s": median(hand), "rayline_s": median(o["wall_s"] for o in ours),
+            "ratio": median(o["wall_s"] for o in ours) / median(hand), "rayline_phases_s": phases}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--hand":
+        data, workers, batch, epochs, out = sys.argv[2:7]
+        _hand_main(data, int(workers), int(batch), int(epochs), out)
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=["loop", "job"], action="append")
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--small-rows", type=int, default=3_000)
+    parser.add_argument("--small-epochs", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=64, help="global batch (per worker: batch / workers)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json-out")
+    args = parser.parse_args()
+    from harness import format_table, machine_info
+
+    sections = args.only or ["loop", "job"]
+    print(json.dumps(machine_info(("ray", "torch")), indent=None), flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-", dir=ROOT / "benchmarks"))
+    results: dict = {}
+    rows = []
+    try:
+        if "loop" in sections:
+            r = results["loop"] = loop_section(tmp, args)
+            rows.append([f"training loop, {args.rows:,} rows, {args.workers} workers, batch {args.batch} (samples/s)",
+                         f"{r['hand_samples_per_s']:,.0f}", f"{r['rayline_samples_per_s']:,.0f}", f"{r['ratio']:.2f}x"])
+            print(f"loop: rayline per epoch {[round(v) for v in r['rayline_epochs']]}, "
+                  f"valid accuracy {r['rayline_valid_accuracy']:.3f}", flush=True)
+        if "job" in sections:
+            r = results["job"] = job_section(tmp, args)
+            rows.append([f"whole job, {args.small_rows:,} rows, {args.small_epochs} epochs (s)", f"{r['hand_s']:.1f}",
+                         f"{r['rayline_s']:.1f}", f"{r['ratio']:.1f}x"])
+            print("job: rayline phases (s) " + ", ".join(f"{k} {v:.1f}" for k, v in r["rayline_phases_s"].items()),
+                  flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print()
+    print(format_table(["work", "by hand", "rayline", "rayline / hand (samples/s: higher is better)"], rows))
+    print(f"load average: {os.getloadavg()[0]:.1f}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"results": results, "args": vars(args)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""train.in_memory: how a torch or tensorflow worker holds its train shard (rayline/train/loop.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rayline.train.loop import epoch_order, fewest_rows, shard_plan
+
+GIB = 2**30
+
+
+def _plan(setting="auto", rows=100_000, world=2, features=13, streamed=False, reserved=None, available=8 * GIB, local=2):
+    return shard_plan(setting, rows, world, features, streamed=streamed, reserved_bytes=reserved,
+                      available_bytes=available, local_workers=local)
+
+
+def test_auto_holds_a_shard_in_memory_up_to_half_the_workers_share_of_the_node():
+    plan = _plan()
+    # 50,000 rows of 13 float32 features and an int64 label each
+    assert (plan.kind, plan.shard_rows, plan.estimated_bytes) == ("memory", 50_000, 50_000 * (13 * 4 + 8))
+    assert (plan.budget_bytes, plan.budget_source) == (4 * GIB, "available")
+    # 2 workers on a node with 1 GB free: 0.5 GB each, half of it for the shard
+    just_fits = _plan(rows=2 * (GIB // 4) // 60, available=GIB)
+    assert just_fits.kind == "memory" and just_fits.estimated_bytes <= GIB // 4
+    assert _plan(rows=2 * (GIB // 4) // 60 + 2, available=GIB).kind == "stream"
+
+
+def test_a_reserved_memory_is_the_budget_and_the_setting_overrides_auto():
+    reserved = _plan(rows=10_000, reserved=1e6)  # 5,000 x 60 bytes = 300 kB <= half of 1 MB
+    assert (reserved.kind, reserved.budget_bytes, reserved.budget_source) == ("memory", 1_000_000, "reserved")
+    assert _plan(rows=20_000, reserved=1e6).kind == "stream"  # 600 kB > 500 kB
+    assert _plan("always", rows=10**9, available=GIB).kind == "memory"
+    assert _plan("never", rows=10).kind == "stream"
+
+
+def test_rows_as_read_always_stream_and_the_plan_records_what_decided_it():
+    plan = _plan("always", streamed=True)  # images decoded per batch: nothing model-ready to hold
+    assert plan.kind == "stream"
+    assert plan.as_dict() == {"kind": "stream", "shard_rows": 50_000, "estimated_bytes": 3_000_000,
+                              "budget_bytes": 4 * GIB, "budget_source": "available", "setting": "always"}
+
+
+def test_each_epoch_trains_a_fresh_permutation_the_same_for_the_same_seed():
+    first, again = epoch_order(1000, 0, 3, 1), epoch_order(1000, 0, 3, 1)
+    assert sorted(first) == list(range(1000)) and (first == again).all()
+    others = [epoch_order(1000, 0, 4, 1), epoch_order(1000, 0, 3, 0), epoch_order(1000, 1, 3, 1)]
+    assert all((first != other).mean() > 0.9 for other in others)
+
+
+@pytest.mark.parametrize("rows, expected", [([5, 5, 5], 5), ([7, 5, 6], 5), ([0, 3], 0)])
+def test_every_worker_keeps_the_fewest_rows_any_holds(rows, expected):
+    world = len(rows)
+    # What a collective's sum gives every worker: the tables each one contributes, added.
+    tables = []
+
+    def allreduce_sum(table):
+        tables.append(np.asarray(table))
+        return sum(_table(r, i, world) for i, r in enumerate(rows))
+
+    assert [fewest_rows(r, i, world, allreduce_sum) for i, r in enumerate(rows)] == [expected] * world
+    assert [list(t) for t in tables] == [list(_table(r, i, world)) for i, r in enumerate(rows)]
+    assert fewest_rows(9, 0, 1, lambda _: pytest.fail("one worker needs no collective")) == 9
+
+
+def _table(rows, rank, world):
+    table = np.zeros(world, dtype=np.int64)
+    table[rank] = rows
+    return table
