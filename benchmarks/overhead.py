@@ -1,7 +1,7 @@
 """What a run costs beyond its work, side by side with the same work written by hand (issue 37).
 
     python benchmarks/overhead.py                  # every section, ~6 min on 2 cores
-    python benchmarks/overhead.py --only loop      # one section: loop | job
+    python benchmarks/overhead.py --only loop      # one section: loop | tf-loop | job
     python benchmarks/overhead.py --json-out overhead.json
 
 Sections, each run here, in one process tree, and printed as a ratio:
@@ -14,6 +14,9 @@ Sections, each run here, in one process tree, and printed as a ratio:
   its per-epoch "samples_per_s" (the training loop alone, no validation or checkpoint), the
   median of the epochs after the first (the first pays for the shard's fetch and the model's
   warm-up, as the hand loop's first epoch pays for its own, which is left out alike).
+- **tf-loop**: the same for TensorFlow on one worker: a hand-written Keras `fit` over the rows as
+  in-memory arrays (tf_keras, as rayline trains; the same threads as rayline's plan gives its
+  worker) against rayline's TensorFlow loop on the same MLP, batch and epochs.
 - **job**: the same pipeline on `--small-rows` rows, the whole job: the hand script's process
   start to exit (torch import, gloo init, training, one checkpoint) against `rayline run
   --no-serve` in a fresh process (CLI import, embedded Ray start and stop, data, train,
@@ -57,15 +60,16 @@ def churn_like(path: Path, rows: int, seed: int = 0) -> Path:
     return path
 
 
-def spec_dict(data: Path, args, epochs: int) -> dict:
+def spec_dict(data: Path, args, epochs: int, framework: str = "torch", workers: int | None = None) -> dict:
     return {
         "name": "bench-overhead",
         "data": {"source": {"format": "csv", "path": str(data)}, "label": "churn",
                  "split": {"valid": 0.1, "test": 0.1, "seed": 0},
                  "preprocess": [{"standard_scale": {"columns": "numeric"}}]},
         "task": "classification",
-        "model": {"framework": "torch", "kind": "mlp", "params": {"hidden_sizes": list(HIDDEN)}},
-        "train": {"workers": args.workers, "epochs": epochs, "batch_size": args.batch,
+        "model": {"framework": framework, "kind": "mlp", "params": {"hidden_sizes": list(HIDDEN)}},
+        "train": {"workers": workers or args.workers, "epochs": epochs, "batch_size": args.batch,
+                  "in_memory": args.in_memory,
                   "optimizer": {"name": "adam", "lr": 0.001}, "metric": "accuracy"},
     }
 
@@ -150,14 +154,42 @@ def hand_job(arrays: Path, args, epochs: int, tmp: Path) -> dict:
     return {"wall_s": wall, "epoch_s": result["epoch_s"], "rows": result["rows"]}
 
 
+def _keras_main(data: str, threads: int, batch: int, epochs: int, out: str) -> None:
+    """The hand-written Keras `fit`: one process, the rows as in-memory arrays, shuffled every epoch."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+    import tf_keras as keras
+
+    keras.utils.set_random_seed(0)
+    arrays = np.load(data)
+    model = keras.Sequential([keras.layers.Dense(h, activation="relu") for h in HIDDEN] + [keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(0.001),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    times = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.started = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.perf_counter() - self.started)
+
+    model.fit(arrays["x"], arrays["y"], batch_size=batch, epochs=epochs, shuffle=True, verbose=0, callbacks=[Timer()])
+    Path(out).write_text(json.dumps({"epoch_s": times, "rows": int(len(arrays["y"]))}))
+
+
 # ---- rayline -----------------------------------------------------------------------------------
 
-def rayline_loop(csv: Path, args, ws) -> dict:
+def rayline_loop(csv: Path, args, ws, framework: str = "torch", workers: int | None = None) -> dict:
     """rayline's run of the same work (no serving) in this process; per-epoch samples/s."""
     from rayline.pipeline.run import run_pipeline
     from rayline.spec import parse_spec
 
-    summary = run_pipeline(parse_spec(spec_dict(csv, args, args.epochs)), ws, deploy=False)
+    summary = run_pipeline(parse_spec(spec_dict(csv, args, args.epochs, framework, workers)), ws, deploy=False)
     (trial,) = summary.trials  # no sweep: the one training run
     history = trial.result.history
     return {"samples_per_s": [row["samples_per_s"] for row in history], "seconds": summary.seconds,
@@ -207,6 +239,34 @@ def loop_section(tmp: Path, args) -> dict:
             "rayline_valid_accuracy": ours["valid_accuracy"]}
 
 
+def tf_loop_section(tmp: Path, args) -> dict:
+    from rayline.cluster.connection import connect
+    from rayline.pipeline.training import plan_training
+    from rayline.spec import parse_spec
+    from rayline.workspace import workspace
+
+    csv = tmp / "churn-100k.csv"
+    if not csv.exists():
+        churn_like(csv, args.rows)
+    arrays = hand_arrays(csv, tmp / "churn-100k.npz")
+    ws = workspace(str(tmp / "ws-tf-loop")).ensure()
+    conn = connect(ws, None)
+    try:
+        threads = plan_training(parse_spec(spec_dict(csv, args, args.epochs, "tensorflow", 1))).threads_per_worker
+        ours = rayline_loop(csv, args, ws, "tensorflow", 1)
+    finally:
+        conn.shutdown()
+    out = tmp / "keras.json"
+    subprocess.run([sys.executable, __file__, "--keras", str(arrays), str(threads), str(args.batch), str(args.epochs),
+                    str(out)], check=True)
+    hand = json.loads(out.read_text())
+    hand_rate = median(hand["rows"] / s for s in hand["epoch_s"][1:])
+    ours_rate = median(ours["samples_per_s"][1:])
+    return {"hand_samples_per_s": hand_rate, "rayline_samples_per_s": ours_rate, "ratio": ours_rate / hand_rate,
+            "rayline_epochs": ours["samples_per_s"], "hand_epoch_s": hand["epoch_s"], "threads": threads,
+            "rayline_valid_accuracy": ours["valid_accuracy"]}
+
+
 def job_section(tmp: Path, args) -> dict:
     csv = churn_like(tmp / "churn-small.csv", args.small_rows)
     arrays = hand_arrays(csv, tmp / "churn-small.npz")
@@ -222,8 +282,12 @@ def main() -> None:
         data, workers, batch, epochs, out = sys.argv[2:7]
         _hand_main(data, int(workers), int(batch), int(epochs), out)
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--keras":
+        data, threads, batch, epochs, out = sys.argv[2:7]
+        _keras_main(data, int(threads), int(batch), int(epochs), out)
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["loop", "job"], action="append")
+    parser.add_argument("--only", choices=["loop", "tf-loop", "job"], action="append")
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--small-rows", type=int, default=3_000)
@@ -231,11 +295,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="global batch (per worker: batch / workers)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--in-memory", default="auto", choices=["auto", "always", "never"],
+                        help="rayline's train.in_memory (never: the streamed loop, for a before/after)")
     parser.add_argument("--json-out")
     args = parser.parse_args()
     from harness import format_table, machine_info
 
-    sections = args.only or ["loop", "job"]
+    sections = args.only or ["loop", "tf-loop", "job"]
     print(json.dumps(machine_info(("ray", "torch")), indent=None), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-", dir=ROOT / "benchmarks"))
     results: dict = {}
@@ -246,6 +312,13 @@ def main() -> None:
             rows.append([f"training loop, {args.rows:,} rows, {args.workers} workers, batch {args.batch} (samples/s)",
                          f"{r['hand_samples_per_s']:,.0f}", f"{r['rayline_samples_per_s']:,.0f}", f"{r['ratio']:.2f}x"])
             print(f"loop: rayline per epoch {[round(v) for v in r['rayline_epochs']]}, "
+                  f"valid accuracy {r['rayline_valid_accuracy']:.3f}", flush=True)
+        if "tf-loop" in sections:
+            r = results["tf-loop"] = tf_loop_section(tmp, args)
+            rows.append([f"tensorflow loop, {args.rows:,} rows, 1 worker ({r['threads']} threads), batch {args.batch} "
+                         "(samples/s)", f"{r['hand_samples_per_s']:,.0f}", f"{r['rayline_samples_per_s']:,.0f}",
+                         f"{r['ratio']:.2f}x"])
+            print(f"tf-loop: rayline per epoch {[round(v) for v in r['rayline_epochs']]}, "
                   f"valid accuracy {r['rayline_valid_accuracy']:.3f}", flush=True)
         if "job" in sections:
             r = results["job"] = job_section(tmp, args)
