@@ -12,6 +12,7 @@ rayline.cluster.connection.pin_state_api, so two Rays on one machine do not conf
 """
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -75,10 +76,11 @@ def test_elastic_min1_max2_trains_with_the_workers_that_fit(tmp_path):
     assert spec.train.elastic and (spec.train.min_workers, spec.train.max_workers) == (1, 2)
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)  # its own embedded Ray, never the session's
-    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "run", path, "--no-serve", "--workspace", str(tmp_path / "ws")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "rayline.cli", "run", path, "--no-serve", "--workspace", str(tmp_path / "ws"),
+                           "--timings"], cwd=tmp_path, env={**env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+    _check_phases(proc.stdout, tmp_path / "ws")
     # The plan started both workers (2 x 0.5 CPU fit the 2 CPUs), said so, and they trained.
     assert "train: started 1-2 workers (starting with 2) x 0.5 CPU, 1 epochs" in proc.stdout, proc.stdout
     assert "registered: model elastic-iris version 1" in proc.stdout and "accuracy" in proc.stdout
@@ -88,6 +90,26 @@ def test_elastic_min1_max2_trains_with_the_workers_that_fit(tmp_path):
     for p in built:
         assigned = json.loads(p.read_text())
         assert (assigned.get("CPU"), assigned.get("memory")) == (0.5, 50e6), assigned
+
+
+def _check_phases(stdout: str, ws) -> None:
+    """`--timings` (rayline/pipeline/phases.py): the run's phases printed after Ray's stop and kept in its
+    record; the train stage's parts, from the worker's timeline and the driver's clock, add up to it."""
+    from rayline.pipeline.record import RECORD_FILE
+
+    (record,) = [json.loads(p.read_text()) for p in (ws / "runs").glob(f"*/{RECORD_FILE}")]
+    phases = record["phases"]
+    parts = ("train_startup", "train_worker_setup", "train_first_step", "train_epochs", "train_between_epochs",
+             "train_shutdown")
+    assert {"cli_start", "ray_start", "data", "train", "register", "ray_stop", "total", *parts} <= set(phases), phases
+    assert all(phases[k] >= 0 for k in parts) and phases["train_epochs"] > 0 and phases["train_startup"] > 1, phases
+    assert sum(phases[k] for k in parts) == pytest.approx(phases["train"], abs=0.5), phases
+    top = ("cli_start", "ray_start", "data", "train", "register", "ray_stop")
+    assert phases["total"] == pytest.approx(sum(phases[k] for k in top)) and phases["cli_start"] < 60, phases
+    table = stdout[stdout.index("where the time went"):]
+    for label, key in (("ray start", "ray_start"), ("startup", "train_startup"), ("epochs", "train_epochs"),
+                       ("ray stop", "ray_stop"), ("total", "total")):
+        assert re.search(rf"{label}\s+│\s+{phases[key]:.1f}\s", table), (label, table)
 
 
 @pytest.mark.parametrize("train, expected", [

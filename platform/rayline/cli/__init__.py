@@ -50,8 +50,18 @@ def _environment_fault(exc: RaylineError) -> str | None:
     return describe_fault(exc)
 
 
+# When `main` last began (time.time()): `rayline run --timings` counts the CLI's own start from here
+# when the process did not start for this command (a test or a notebook calling main in process).
+ENTERED_AT = 0.0
+
+
 def main() -> None:
+    import time
+
     from rayline.signals import stop_on_sigterm
+
+    global ENTERED_AT
+    ENTERED_AT = time.time()
 
     stop_on_sigterm()  # SIGTERM (docker stop, Kubernetes, `ray job stop`) stops every command as Ctrl-C does
     try:

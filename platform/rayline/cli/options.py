@@ -40,6 +40,9 @@ ExitAfterDeployOpt = typer.Option(False, "--exit-after-deploy",
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show Ray's own logs.")
 
 
+TimingsOpt = typer.Option(False, "--timings", help="Print where the run's time went, phase by phase (Ray's start, "
+                          "data, Train's start-up, epochs, checkpoints, register, deploy...; always kept in the run's "
+                          "record).")
 NoCacheOpt = typer.Option(False, "--no-cache", help="Recompute the data stage instead of reading it from the "
                           "workspace's data cache (`rayline cache list`); the result is stored anew.")
 

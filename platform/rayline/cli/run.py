@@ -12,7 +12,8 @@ import typer
 from rich.table import Table
 
 from rayline.cli.apps import app
-from rayline.cli.options import ExitAfterDeployOpt, IngressOpt, NoCacheOpt, NoServeOpt, RunAddressOpt, ServeHostOpt, ServePortOpt, VerboseOpt, WorkspaceOpt, open_workspace
+from rayline.cli.options import (ExitAfterDeployOpt, IngressOpt, NoCacheOpt, NoServeOpt, RunAddressOpt, ServeHostOpt,
+                                 ServePortOpt, TimingsOpt, VerboseOpt, WorkspaceOpt, open_workspace)
 from rayline.cli.render import shown
 from rayline.console import console, err_console, styled
 from rayline.errors import SpecError
@@ -68,6 +69,7 @@ def run(
     set_: List[str] = typer.Option([], "--set", metavar="PATH=VALUE",
                                    help="Override a spec key, e.g. --set train.epochs=2 --set tune.num_samples=2 (VALUE is YAML)."),
     no_cache: bool = NoCacheOpt,
+    timings: bool = TimingsOpt,
     resume: bool = typer.Option(False, "--resume", help="Continue this spec's newest interrupted run in the workspace "
                                 "(Ctrl-C, or a driver that was killed; same spec and --set options): finished trials "
                                 "are kept, the rest continue. See also `rayline resume RUN_ID`."),
@@ -83,12 +85,14 @@ def run(
     ws = open_workspace(workspace).ensure()
     from rayline.cluster.connection import connect
 
+    startup, connecting = _started_s(), time.monotonic()
     with console.status("connecting to Ray..."):
         conn = connect(ws, address, verbose=verbose, ingress=ingress)
+    startup["ray_start"] = time.monotonic() - connecting
     # Ctrl-C's message repeats this very command (same spec, workspace and --set options) with --resume.
     again = ["rayline", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"])
-    _run_and_serve(conn, spec, ws, str(spec_path), not no_serve, host, port, exit_after_deploy,
-                   resume=resume, resume_command=shlex.join(again), data_cache=not no_cache)
+    _run_and_serve(conn, spec, ws, str(spec_path), not no_serve, host, port, exit_after_deploy, timings,
+                   resume=resume, resume_command=shlex.join(again), data_cache=not no_cache, startup=startup)
 
 
 @app.command()
@@ -104,6 +108,7 @@ def resume(
     verbose: bool = VerboseOpt,
     ingress: Optional[str] = IngressOpt,
     no_cache: bool = NoCacheOpt,
+    timings: bool = TimingsOpt,
     force: bool = typer.Option(False, "--force", help="Resume a run whose driver ran on another host (rayline cannot "
                                "check a pid there): only once you know that driver is gone. A driver alive on this "
                                "host is never overridden."),
@@ -120,15 +125,36 @@ def resume(
     spec = parse_spec(record["spec_raw"], source=f"run {run_id}")
     from rayline.cluster.connection import connect
 
+    startup, connecting = _started_s(), time.monotonic()
     with console.status("connecting to Ray..."):
         conn = connect(ws, address, verbose=verbose, ingress=ingress)
-    _run_and_serve(conn, spec, ws, record.get("spec_path") or None, not no_serve, host, port, exit_after_deploy,
+    startup["ray_start"] = time.monotonic() - connecting
+    _run_and_serve(conn, spec, ws, record.get("spec_path") or None, not no_serve, host, port, exit_after_deploy, timings,
                    resume=run_id, resume_command=shlex.join(["rayline", *sys.argv[1:]]), resume_force=force,
-                   data_cache=not no_cache)
+                   data_cache=not no_cache, startup=startup)
 
 
-def _run_and_serve(conn, spec, ws, spec_path, deploy, host, port, exit_after_deploy, **options) -> None:
-    """Run the pipeline, print its summary, and with an embedded Ray serve until Ctrl-C; Ray is let go after."""
+# A process that began more than this long before `main` was started for something else (a test
+# session, a notebook): the CLI's start is counted from `main` then, not from the process's start.
+_OWN_PROCESS_S = 30.0
+
+
+def _started_s() -> dict[str, float]:
+    """{"cli_start": seconds from this command's start to now}: Python's and rayline's imports, the spec's
+    checks; from the process's start when it was started for this command, else from `main`'s."""
+    import psutil
+
+    import rayline.cli
+
+    began, entered = psutil.Process().create_time(), rayline.cli.ENTERED_AT
+    start = began if not entered or entered - began < _OWN_PROCESS_S else entered
+    return {"cli_start": max(0.0, time.time() - start)}
+
+
+def _run_and_serve(conn, spec, ws, spec_path, deploy, host, port, exit_after_deploy, timings=False, **options) -> None:
+    """Run the pipeline, print its summary, and with an embedded Ray serve until Ctrl-C; Ray is let go after.
+    `timings`: the run's phases printed at the end, Ray's stop included (always kept in its record)."""
+    summary = None
     try:
         summary = _run_with_progress(spec, ws, spec_path, deploy, host, port, **options)
         print_summary(summary, spec)
@@ -147,7 +173,36 @@ def _run_and_serve(conn, spec, ws, spec_path, deploy, host, port, exit_after_dep
         elif summary.endpoint and not conn.embedded:
             console.print(f"\nThe endpoint stays up on the cluster at {conn.address}.")
     finally:
+        stopping = time.monotonic()
         conn.shutdown()
+        if summary is not None:
+            _record_ray_stop(summary, time.monotonic() - stopping, timings)
+
+
+def _record_ray_stop(summary, seconds: float, show: bool) -> None:
+    """Ray's stop joins the run's phases in its record (written after the summary: the run is over);
+    `--timings` prints them all."""
+    from rayline.pipeline.phases import format_phases
+    from rayline.pipeline.record import RECORD_FILE, write_record
+    from rayline.storage import join, read_json
+
+    summary.phases["ray_stop"] = seconds
+    summary.phases["total"] = sum(v for k, v in summary.phases.items() if k in (
+        "cli_start", "ray_start", "data", "train", "register", "report", "deploy", "ray_stop"))
+    if summary.record_folder:
+        record = read_json(join(summary.record_folder, RECORD_FILE))
+        if isinstance(record, dict):
+            write_record(summary.record_folder, {**record, "phases": summary.phases})
+    if show:
+        table = Table(title="where the time went", show_header=True)
+        table.add_column("phase")
+        table.add_column("seconds", justify="right")
+        for phase, shown_s in format_phases(summary.phases):
+            table.add_row(phase, shown_s)
+        console.print(table)
+        if summary.phases.get("trials", 1) > 1:
+            console.print(f"(a sweep of {summary.phases['trials']} trials: its train stage is one figure; "
+                          "a single training run splits it)")
 
 
 def _run_with_progress(spec, ws, spec_path, deploy, host, port, **options):

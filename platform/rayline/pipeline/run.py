@@ -50,6 +50,7 @@ def run_pipeline(
     resume_command: str | None = None,
     resume_force: bool = False,
     data_cache: bool = True,
+    startup: dict[str, float] | None = None,
 ) -> RunSummary:
     """Run every stage the spec names on the connected Ray cluster.
 
@@ -60,10 +61,14 @@ def run_pipeline(
     continue from their checkpoints); while deploying, the version stays
     registered and the cut-off Serve app is deleted. `data_cache=False` recomputes the data
     stage instead of reading it from the workspace's data cache (and stores it anew).
+   
+    `startup`: the caller's own phases before this (the CLI's start, Ray's start), kept with the
+    run's phases in its record and summary (rayline/pipeline/phases.py).
     """
     from rayline.event_files import mean_throughput
     from rayline.orphans import release_orphaned_placement_groups, sweep_in_background
     from rayline.pipeline.prepare import prepare_stage
+    from rayline.pipeline.phases import train_phases
     from rayline.pipeline.record import check_same_data, interrupted_run, new_record, write_record
     from rayline.pipeline.register import register_stage
     from rayline.pipeline.training import plan_training, train_stage
@@ -72,6 +77,7 @@ def run_pipeline(
 
     ws.ensure()
     seconds: dict[str, float] = {}
+    phases: dict[str, float] = dict(startup or {})
     # resume: True for the newest interrupted run of this spec, or a run id (`rayline resume RUN_ID`).
     previous = interrupted_run(ws, spec, resume if isinstance(resume, str) else None, force=resume_force) if resume else None
     experiment = previous["experiment"] if previous else f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -104,10 +110,12 @@ def run_pipeline(
                         previous=previous)
     write_record(folder, record)
     try:
-        t0 = time.monotonic()
+        t0, train_started_at = time.monotonic(), time.time()
         trained = train_stage(spec, prepared, plan=plan, folder=folder, runs_dir=ws.runs_dir, experiment=experiment,
                               search_paths=search_paths(spec_path), resume=bool(previous), on_stage=on_stage)
         seconds["train"] = time.monotonic() - t0
+        if len(trained.trials) == 1:  # a sweep's trials overlap: its stage stays whole (phases.py)
+            phases.update(train_phases(train_started_at, time.time(), trained.winner.timeline))
         t0 = time.monotonic()
         registered = register_stage(registry, run_id, spec, trained, ws=ws, experiment=experiment, on_stage=on_stage)
         seconds["register"] = time.monotonic() - t0
@@ -146,13 +154,16 @@ def run_pipeline(
         seconds["deploy"] = time.monotonic() - t0
 
     winner, data = trained.winner, trained.data
+    phases.update(seconds)
+    phases["trials"] = len(trained.trials)
+    write_record(folder, {**record, "status": "registered", "version": registered.version, "phases": phases})
     return RunSummary(
         name=spec.name, version=registered.version, task=data.task, metric=spec.resolved_metric(data.task),
         valid_metrics=winner.metrics, test_metrics=registered.test_metrics, trials=trained.trials, endpoint=endpoint,
         run_id=run_id, rows=data.rows, resumed_from=winner.resumed_from, seconds=seconds,
         resumed_run=experiment if previous else None, leaderboard=registered.leaderboard,
         data_variants=len(prepared), report=report, tensorboard=trained.tensorboard,
-        throughput=mean_throughput(winner.history),
+        throughput=mean_throughput(winner.history), phases=phases, record_folder=folder,
     )
 
 

@@ -43,7 +43,8 @@ CKPT_PREFIX = "rayline-ckpt-"
 RESTORE_PREFIX = "rayline-restore-"
 # Beside the validation metrics in every history row (and every MLflow step): how fast the
 # epoch trained and at which learning rate. Not model metrics: never ranked or registered as such.
-TRAINING_STATS = ("samples_per_s", "samples_per_s_per_worker", "lr")
+# train_s: the seconds this worker's training loop took that epoch (no validation or checkpoint).
+TRAINING_STATS = ("samples_per_s", "samples_per_s_per_worker", "lr", "train_s")
 
 
 def with_last(items: Iterable) -> Iterator[tuple[object, bool]]:
@@ -68,8 +69,11 @@ class Throughput:
     def __init__(self):
         self._started = time.perf_counter()
         self.rows = 0
+        self.first_step_s: float | None = None  # from the meter's start to its first step's end (the run's timeline)
 
     def add(self, rows: int) -> None:
+        if self.first_step_s is None:
+            self.first_step_s = time.perf_counter() - self._started
         self.rows += int(rows)
 
     def stats(self, world_size: int, lr: float) -> dict:
@@ -77,7 +81,8 @@ class Throughput:
         seconds = max(time.perf_counter() - self._started, 1e-9)
         per_worker = self.rows / seconds
         self._started, self.rows = time.perf_counter(), 0
-        return {"samples_per_s": per_worker * world_size, "samples_per_s_per_worker": per_worker, "lr": float(lr)}
+        return {"samples_per_s": per_worker * world_size, "samples_per_s_per_worker": per_worker, "lr": float(lr),
+                "train_s": seconds}
 
 
 # The loop config's key for the fitted preprocessing of a train split that comes as read.
@@ -303,6 +308,10 @@ class EpochReporter:
         self.resumed_from: list[int] = []
         self.starts: list[dict] = []
         self.start_epoch = 0
+        # When this attempt's worker began and reported (wall clock), for the run's phases
+        # (rayline/pipeline/phases.py): rank 0's checkpoint state holds it.
+        self.timeline: dict = {"started_at": time.time(), "loop_at": None, "first_step_s": None, "reports": []}
+        self._meter: Throughput | None = None
         self._source: str | None = None
         self._restore_dir: str | None = None
         for prefix in (CKPT_PREFIX, RESTORE_PREFIX):
@@ -320,6 +329,13 @@ class EpochReporter:
             self.starts = list(state.get("starts", []))
             self.start_epoch = state.get("epoch", -1) + 1
             self._source = checkpoint.path
+
+    def meter(self) -> Throughput:
+        """A new epoch's (or report interval's) Throughput; the first one's first step goes in the timeline."""
+        if self.timeline["loop_at"] is None:  # the worker's setup is over: its first epoch begins
+            self.timeline["loop_at"] = time.time()
+        self._meter = Throughput()
+        return self._meter
 
     @property
     def restore_model_dir(self) -> str | None:
@@ -339,6 +355,9 @@ class EpochReporter:
                "resumed": len(self.resumed_from)}
         self.history.append(row)
         reported = row
+        if self.timeline["first_step_s"] is None and self._meter is not None:
+            self.timeline["first_step_s"] = self._meter.first_step_s
+        self.timeline["reports"].append({"epoch": epoch, "at": time.time(), "train_s": (stats or {}).get("train_s")})
         if self.rank != 0:
             self._train.report(reported, checkpoint=None)
             return
@@ -346,7 +365,7 @@ class EpochReporter:
         try:
             save_model(os.path.join(tmp, MODEL_DIR))
             state = {"epoch": epoch, "metrics": row, "history": self.history, "resumed_from": self.resumed_from,
-                     "starts": self.starts}
+                     "starts": self.starts, "timeline": self.timeline}
             with open(os.path.join(tmp, STATE_FILE), "w") as fh:
                 json.dump(state, fh)
             # Deleted by Ray once uploaded, before report waits for the controller to take the

@@ -44,6 +44,8 @@ class TrainResult:
     # The state each attempt of the latest checkpoint's lineage started from (rayline/train/loop.py):
     # epoch, source checkpoint and digests of the live weights and optimizer state.
     starts: list[dict] = field(default_factory=list)
+    # When the latest attempt's rank 0 began and reported (rayline/train/loop.py): the run's train phases.
+    timeline: dict = field(default_factory=dict)
 
 
 def loop_config(spec: PipelineSpec, data, plan: ResourcePlan, search_paths: list[str]) -> dict:
@@ -266,6 +268,7 @@ def locate_best(run_dir: str, metric: str, mode: str) -> TrainResult:
         resumed_from=latest["resumed_from"],
         run_dir=run_dir,
         starts=latest.get("starts", []),
+        timeline=latest.get("timeline", {}),
     )
 
 

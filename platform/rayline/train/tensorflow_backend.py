@@ -27,7 +27,7 @@ from rayline.inference.tensorflow_model import (PREDICT_BATCH, WEIGHTS_FILE, bui
                                                  use_legacy_keras)
 from rayline.inference.tensorflow_model import outputs as model_outputs
 from rayline.train.backend import Backend
-from rayline.train.loop import (EpochReporter, Throughput, available_memory, combine_metrics, epoch_order, eval_chunks,
+from rayline.train.loop import (EpochReporter, available_memory, combine_metrics, epoch_order, eval_chunks,
                                 fewest_rows, model_ready, own_valid_rows, sha256_of, shard_arrays, shard_plan,
                                 streamed_preprocessing, with_last)
 from rayline.evaluation import MetricPartials
@@ -158,7 +158,7 @@ class TensorflowBackend(Backend):
                     batch_size=per_worker_batch, batch_format="numpy" if streamed is None else "pandas",
                     local_shuffle_buffer_size=per_worker_batch * 4, local_shuffle_seed=config["seed"] + epoch,
                 )
-            meter = Throughput()
+            meter = reporter.meter()
             for batch, last in with_last(batches):
                 if streamed is not None:  # rows as read (images): transformed here, batch by batch
                     x, y = model_ready(streamed, batch, num_features, label_dtype)

@@ -12,7 +12,7 @@ import numpy as np
 from rayline.inference.arch import ARCH_FILE
 from rayline.inference.torch_model import WEIGHTS_FILE, build_model
 from rayline.train.backend import Backend
-from rayline.train.loop import (EpochReporter, Throughput, available_memory, combine_metrics, epoch_order, eval_chunks,
+from rayline.train.loop import (EpochReporter, available_memory, combine_metrics, epoch_order, eval_chunks,
                                 fewest_rows, model_ready, own_valid_rows, sha256_of, shard_arrays, shard_plan,
                                 streamed_preprocessing, with_last)
 from rayline.inference.outputs import softmax
@@ -161,7 +161,7 @@ class TorchBackend(Backend):
                     # Rows as read (images): transformed in Ray Data's prefetch threads, beside the steps.
                     **({"collate_fn": streamed, "prefetch_batches": 2} if streamed is not None else {"dtypes": dtypes}),
                 )
-            meter = Throughput()
+            meter = reporter.meter()
             for batch, last in with_last(batches):
                 steps.micro_batch(lambda: loss_of(batch), last)
                 meter.add(len(batch["label"]))

@@ -46,7 +46,7 @@ from rayline.inference.arch import ARCH_FILE
 from rayline.inference.xgboost_model import MODEL_FILE
 from rayline.inference.xgboost_model import outputs as model_outputs
 from rayline.train.backend import Backend
-from rayline.train.loop import (EpochReporter, Throughput, available_memory, combine_metrics, own_valid_rows, sha256_of,
+from rayline.train.loop import (EpochReporter, available_memory, combine_metrics, own_valid_rows, sha256_of,
                                 shard_batches, streamed_preprocessing)
 from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
@@ -263,7 +263,7 @@ class XGBoostBackend(Backend):
         done = booster.num_boosted_rounds() if booster is not None else 0
         remaining = num_boost_round - done
 
-        meter = Throughput()  # rows x rounds per second between reports
+        meter = reporter.meter()  # rows x rounds per second between reports
         lr = float(params.get("eta", params.get("learning_rate", 0.3)))  # xgboost's default eta
 
         class _ReportCallback(xgb.callback.TrainingCallback):
