@@ -38,7 +38,11 @@ def test_rows_as_read_always_stream_and_the_plan_records_what_decided_it():
     plan = _plan("always", streamed=True)  # images decoded per batch: nothing model-ready to hold
     assert plan.kind == "stream"
     assert plan.as_dict() == {"kind": "stream", "shard_rows": 50_000, "estimated_bytes": 3_000_000,
-                              "budget_bytes": 4 * GIB, "budget_source": "available", "setting": "always"}
+                              "budget_bytes": 4 * GIB, "budget_source": "available", "setting": "always",
+                              "handed_off": False}
+    # Arrays the driver handed over are in memory already, whatever the budget.
+    assert shard_plan("auto", 10**9, 2, 13, streamed=False, reserved_bytes=1e6, available_bytes=GIB, local_workers=2,
+                      handed_off=True).kind == "memory"
 
 
 def test_each_epoch_trains_a_fresh_permutation_the_same_for_the_same_seed():
@@ -67,3 +71,31 @@ def _table(rows, rank, world):
     table = np.zeros(world, dtype=np.int64)
     table[rank] = rows
     return table
+
+
+def test_a_handed_off_train_split_is_each_workers_equal_share_and_valid_is_whole():
+    from rayline.train.splits import ArrayShard
+
+    arrays = {"features": np.arange(22, dtype=np.float32).reshape(11, 2), "label": np.arange(11)}
+    shares = [ArrayShard(arrays, rank=r, world=3, split=True) for r in range(3)]
+    assert [s.count() for s in shares] == [3, 3, 3]  # 11 rows: 3 each, as Ray's equal split
+    assert [list(next(s.iter_batches())["label"]) for s in shares] == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    whole = ArrayShard(arrays, rank=1, world=3)  # valid, probe: every worker reads all rows
+    batches = list(whole.iter_batches(batch_size=4))
+    assert [len(b["label"]) for b in batches] == [4, 4, 3] and batches[2]["features"].tolist() == [[16, 17], [18, 19], [20, 21]]
+    with pytest.raises(ValueError, match="numpy batches"):
+        next(whole.iter_batches(batch_format="pandas"))
+
+
+def test_only_small_model_ready_splits_are_handed_off():
+    from types import SimpleNamespace
+
+    from rayline.train.splits import HANDOFF_BYTES, hand_off, handed_off_bytes
+
+    big = SimpleNamespace(train_streamed=False, rows={"train": HANDOFF_BYTES // 60 + 1, "valid": 0, "test": 0},
+                          preprocessing=SimpleNamespace(output_columns=["f"] * 13), probe=None, task="classification")
+    assert handed_off_bytes(big.rows["train"], 13) > HANDOFF_BYTES
+    assert hand_off(big, "auto") is None  # data beyond the limit keeps streaming through Ray Data
+    small = SimpleNamespace(**{**vars(big), "rows": {"train": 100, "valid": 20, "test": 20}})
+    assert hand_off(small, "never") is None  # the spec asks to stream
+    assert hand_off(SimpleNamespace(**{**vars(small), "train_streamed": True}), "auto") is None  # images as read

@@ -151,30 +151,36 @@ class ShardPlan:
     budget_bytes: int
     budget_source: str  # "reserved" (resources_per_worker.memory) or "available" (node memory share)
     setting: str  # train.in_memory
+    handed_off: bool = False  # the driver gave the split as arrays (rayline/train/splits.py)
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "shard_rows": self.shard_rows, "estimated_bytes": self.estimated_bytes,
-                "budget_bytes": self.budget_bytes, "budget_source": self.budget_source, "setting": self.setting}
+                "budget_bytes": self.budget_bytes, "budget_source": self.budget_source, "setting": self.setting,
+                "handed_off": self.handed_off}
 
 
 def shard_plan(setting: str, train_rows: int, world_size: int, num_features: int, *, streamed: bool,
-               reserved_bytes: float | None, available_bytes: int, local_workers: int) -> ShardPlan:
+               reserved_bytes: float | None, available_bytes: int, local_workers: int,
+               handed_off: bool = False) -> ShardPlan:
     """Decide, before reading, how a worker holds its shard (`train.in_memory`: auto | always | never).
     The budget is the worker's reserved Ray memory when it reserves some, else the node's available
-    memory divided among this run's workers on the node (as xgboost's matrix_plan)."""
+    memory divided among this run's workers on the node (as xgboost's matrix_plan). `handed_off`: the
+    driver gave the split as arrays (rayline/train/splits.py), in memory whatever the budget says."""
     shard_rows = -(-max(0, int(train_rows)) // max(1, world_size))
     estimate = shard_rows * (num_features * 4 + 8)
     if reserved_bytes:
         budget, source = int(reserved_bytes), "reserved"
     else:
         budget, source = int(available_bytes // max(1, local_workers)), "available"
-    if streamed or setting == "never":
+    if handed_off:
+        kind = "memory"
+    elif streamed or setting == "never":
         kind = "stream"
     elif setting == "always":
         kind = "memory"
     else:
         kind = "memory" if estimate <= _IN_MEMORY_SHARE * budget else "stream"
-    return ShardPlan(kind, shard_rows, estimate, budget, source, setting)
+    return ShardPlan(kind, shard_rows, estimate, budget, source, setting, handed_off)
 
 
 def available_memory() -> int:

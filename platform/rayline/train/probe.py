@@ -33,15 +33,15 @@ PROBE_FILE = "rayline_probe.json"
 RTOL, ATOL = 1e-4, 1e-6
 
 
-def probe_features(num_features: int):
+def probe_features(num_features: int, config: dict | None = None):
     """This worker's copy of the probe rows' model input (float32 (n, d)), or None when the
-    trainer was given no probe (a caller of `train` without one)."""
-    import ray.train
-
+    trainer was given no probe (a caller of `train` without one). `config`: the loop config, which
+    names the splits the driver handed off as arrays (rayline/train/splits.py)."""
     from rayline.train.loop import shard_arrays
+    from rayline.train.splits import dataset_shard
 
     try:
-        shard = ray.train.get_dataset_shard(PROBE_DATASET)
+        shard = dataset_shard(config or {}, PROBE_DATASET)
     except KeyError:
         return None
     features, _ = shard_arrays(shard, num_features, np.float64)

@@ -12,6 +12,7 @@ from rayline.spec.pipeline_spec import PipelineSpec, metric_mode
 from rayline.train.backend import load_backend
 from rayline.storage import join, list_names, read_json
 from rayline.train.loop import STREAMED, read_state
+from rayline.train.splits import ARRAYS_KEY
 
 __all__ = ["TrainResult", "train", "scaling_config", "loop_config", "locate_best", "set_aside_unreadable_snapshot",
            "checkpoint_keep", "START_RETRIES", "START_TIMEOUT_ENV"]
@@ -123,12 +124,17 @@ def train(
         initial_checkpoint = newest
     if initial_checkpoint:
         config["initial_checkpoint"] = initial_checkpoint  # Train V2 has no resume_from_checkpoint: the loop reads it
+    # Small splits come as arrays the driver put in the object store (rayline/train/splits.py); the rest as datasets.
+    arrays = getattr(data, "split_arrays", None) or {}
+    if arrays:
+        config[ARRAYS_KEY] = arrays
+    datasets = {name: split for name, split in _datasets(data).items() if name not in arrays}
     trainer = backend.make_trainer(
         loop_config=config,
         scaling_config=scaling,
         run_config=run_config,
-        datasets=_datasets(data),
-        dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
+        datasets=datasets,
+        dataset_config=ray.train.DataConfig(datasets_to_split=["train"] if "train" in datasets else []),
     )
     try:
         _fit_interruptible(trainer, join(storage_path, run_name))

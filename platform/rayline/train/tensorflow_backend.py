@@ -32,6 +32,7 @@ from rayline.train.loop import (EpochReporter, available_memory, combine_metrics
                                 streamed_preprocessing, with_last)
 from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
+from rayline.train.splits import ARRAYS_KEY, dataset_shard
 from rayline.train.tf_steps import TfSteps, make_strategy
 
 __all__ = ["TensorflowBackend", "BACKEND"]
@@ -111,7 +112,8 @@ class TensorflowBackend(Backend):
         plan = shard_plan(config.get("in_memory", "auto"), config.get("train_rows", 0), reporter.world_size, num_features,
                           streamed=streamed is not None, reserved_bytes=config.get("memory_per_worker"),
                           available_bytes=available_memory(),
-                          local_workers=ray.train.get_context().get_local_world_size())
+                          local_workers=ray.train.get_context().get_local_world_size(),
+                          handed_off="train" in (config.get(ARRAYS_KEY) or {}))
         reporter.record_start({
             "weights_sha256": sha256_of(np.ascontiguousarray(w).tobytes() for w in model.get_weights()),
             "optimizer_sha256": sha256_of(np.ascontiguousarray(np.asarray(v.numpy())).tobytes()
@@ -128,9 +130,9 @@ class TensorflowBackend(Backend):
         def infer(x):
             return tf.cast(model(x, training=False), tf.float32)
 
-        train_shard = ray.train.get_dataset_shard("train")
+        train_shard = dataset_shard(config, "train")
         # This worker's share of "valid"; the metrics combine every worker's (loop.py).
-        valid_x, valid_y, valid_most = own_valid_rows(ray.train.get_dataset_shard("valid"), num_features, label_dtype,
+        valid_x, valid_y, valid_most = own_valid_rows(dataset_shard(config, "valid"), num_features, label_dtype,
                                                       reporter.rank, reporter.world_size)
         dummy_x = np.zeros((1, num_features), np.float32)
 
@@ -138,7 +140,7 @@ class TensorflowBackend(Backend):
             # One replica per worker (make_strategy: several workers -> MultiWorkerMirroredStrategy).
             per_replica = strategy.run(lambda: tf.constant(values))
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()
-        probe_x = probe_features(num_features)  # the probe rows of the test split (rayline/train/probe.py)
+        probe_x = probe_features(num_features, config)  # the probe rows of the test split (rayline/train/probe.py)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
         if plan.kind == "memory":  # every worker keeps as many rows: MWMS's collectives need as many steps
             resident_x, resident_y = shard_arrays(train_shard, num_features, label_dtype)

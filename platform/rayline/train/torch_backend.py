@@ -18,6 +18,7 @@ from rayline.train.loop import (EpochReporter, available_memory, combine_metrics
 from rayline.inference.outputs import softmax
 from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
+from rayline.train.splits import ARRAYS_KEY, dataset_shard
 from rayline.train.torch_steps import TorchSteps, register_compression
 
 __all__ = ["TorchBackend", "BACKEND", "restore_hyperparameters", "state_digests"]
@@ -107,7 +108,8 @@ class TorchBackend(Backend):
         plan = shard_plan(config.get("in_memory", "auto"), config.get("train_rows", 0), reporter.world_size, num_features,
                           streamed=streamed is not None, reserved_bytes=config.get("memory_per_worker"),
                           available_bytes=available_memory(),
-                          local_workers=ray.train.get_context().get_local_world_size())
+                          local_workers=ray.train.get_context().get_local_world_size(),
+                          handed_off="train" in (config.get(ARRAYS_KEY) or {}))
         # What this attempt trains from, read from the live model and optimizer (sharded: gathered,
         # a collective every rank joins; rank 0 holds the full state and writes the record).
         if sharded:
@@ -118,10 +120,10 @@ class TorchBackend(Backend):
         reporter.record_start({**evidence, "train_shard": plan.as_dict()})
         loss_fn = torch.nn.CrossEntropyLoss() if classification else torch.nn.MSELoss()
         label_dtype = torch.long if classification else torch.float32
-        train_shard = ray.train.get_dataset_shard("train")
+        train_shard = dataset_shard(config, "train")
         # This worker's share of "valid", read once, not one Ray Data execution per epoch (most
         # of an epoch's time on small data); the metrics combine every worker's (loop.py).
-        valid_x, valid_y, valid_most = own_valid_rows(ray.train.get_dataset_shard("valid"), config["arch"]["num_features"],
+        valid_x, valid_y, valid_most = own_valid_rows(dataset_shard(config, "valid"), config["arch"]["num_features"],
                                                       np.int64 if classification else np.float32,
                                                       reporter.rank, reporter.world_size)
         valid_x = torch.from_numpy(valid_x).to(device)
@@ -136,7 +138,7 @@ class TorchBackend(Backend):
         resident = (_ResidentShard(train_shard, num_features, np.int64 if classification else np.float32, device,
                                    reporter, allreduce_sum) if plan.kind == "memory" else None)
         # The probe rows of the test split (rayline/train/probe.py), predicted below at every epoch.
-        probe_x = probe_features(config["arch"]["num_features"])
+        probe_x = probe_features(config["arch"]["num_features"], config)
         probe_x = None if probe_x is None else torch.from_numpy(probe_x).to(device)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
         dtypes = {"features": torch.float32, "label": label_dtype}

@@ -50,6 +50,7 @@ from rayline.train.loop import (EpochReporter, available_memory, combine_metrics
                                 shard_batches, streamed_preprocessing)
 from rayline.evaluation import MetricPartials
 from rayline.train.probe import probe_features, write_probe
+from rayline.train.splits import dataset_shard
 from rayline.workspace import owned_tempdir, sweep_orphans
 
 __all__ = ["XGBoostBackend", "BACKEND", "objective_params", "MatrixPlan", "matrix_plan", "train_matrix",
@@ -215,11 +216,11 @@ class XGBoostBackend(Backend):
         params, num_boost_round, early_stopping, every, external = _settings(config)
         label_dtype = np.int64 if config["task"] == "classification" else np.float32
 
-        train_shard = ray.train.get_dataset_shard("train")
+        train_shard = dataset_shard(config, "train")
         # This worker's share of "valid"; the metrics combine every worker's (loop.py).
-        valid_x, valid_y, _ = own_valid_rows(ray.train.get_dataset_shard("valid"), arch["num_features"], label_dtype,
+        valid_x, valid_y, _ = own_valid_rows(dataset_shard(config, "valid"), arch["num_features"], label_dtype,
                                              reporter.rank, reporter.world_size)
-        probe_x = probe_features(arch["num_features"])  # the probe rows of the test split (rayline/train/probe.py)
+        probe_x = probe_features(arch["num_features"], config)  # the probe rows of the test split (rayline/train/probe.py)
         # Every worker builds its matrix (construction syncs the column count, and the quantile
         # sketch, over the collective).
         plan = matrix_plan(external, params.get("tree_method", "hist"), int(config.get("train_rows", 0)),
