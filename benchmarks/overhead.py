@@ -1,7 +1,7 @@
 """What a run costs beyond its work, side by side with the same work written by hand (issue 37).
 
     python benchmarks/overhead.py                  # every section, ~6 min on 2 cores
-    python benchmarks/overhead.py --only loop      # one section: loop | tf-loop | job
+    python benchmarks/overhead.py --only loop      # one section: loop | tf-loop | job | xgboost | quickstart
     python benchmarks/overhead.py --json-out overhead.json
 
 Sections, each run here, in one process tree, and printed as a ratio:
@@ -21,6 +21,14 @@ Sections, each run here, in one process tree, and printed as a ratio:
   start to exit (torch import, gloo init, training, one checkpoint) against `rayline run
   --no-serve` in a fresh process (CLI import, embedded Ray start and stop, data, train,
   register), with rayline's own per-phase seconds.
+- **xgboost**: the 1M-row churn CSV of benchmarks/data_stage.py (impute, one-hot, scale, xgboost
+  10 rounds on 2 workers), the whole job: pandas + sklearn + xgboost in one process against
+  `rayline run --no-serve` with its own embedded Ray, and against a head `rayline cluster up`
+  started beforehand (its start not counted: it stays up between runs).
+- **quickstart**: the README's first command after the install, `rayline run
+  pipelines/digits-torch.yaml` (4-trial ASHA sweep, 2 workers each, then served), from its start
+  to the endpoint answering and Ray stopped (`--exit-after-deploy`), in a fresh workspace; with
+  its phases. No baseline: the issue's target is 45 s.
 
 The load average is printed: on a shared machine it says how much to trust the figures.
 """
@@ -277,6 +285,59 @@ def job_section(tmp: Path, args) -> dict:
             "ratio": median(o["wall_s"] for o in ours) / median(hand), "rayline_phases_s": phases}
 
 
+def xgboost_section(tmp: Path, args) -> dict:
+    import yaml
+    from data_stage import BY_HAND, CATEGORICAL, LABEL, NUMERIC, generate, measured, spec_for
+
+    data = tmp / "churn-1m.csv"
+    generate(data, args.xgboost_rows)
+    spec = tmp / "churn-1m.yaml"
+    spec.write_text(yaml.safe_dump(spec_for(data)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "platform") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("RAY_ADDRESS", None)
+    hand = [measured([sys.executable, "-c", BY_HAND, str(data), ",".join(NUMERIC), ",".join(CATEGORICAL), LABEL], env)["seconds"]
+            for _ in range(args.repeats)]
+
+    def ours(extra: list[str], ws: Path) -> tuple[float, dict]:
+        out = measured([sys.executable, "-m", "rayline.cli", "run", str(spec), "--no-serve", "--no-cache", "-w", str(ws),
+                        *extra], env)
+        from rayline.pipeline.record import RECORD_FILE
+
+        records = sorted((ws / "runs").glob(f"*/{RECORD_FILE}"), key=lambda p: p.stat().st_mtime)
+        return out["seconds"], json.loads(records[-1].read_text()).get("phases", {})
+
+    embedded = [ours([], tmp / f"ws-xgb-{i}") for i in range(args.repeats)]
+    head_ws = tmp / "ws-xgb-head"
+    port = _free_port()
+    subprocess.run([sys.executable, "-m", "rayline.cli", "cluster", "up", "-w", str(head_ws), "--port", str(port),
+                    "--dashboard-port", str(_free_port()), "--client-port", str(_free_port())],
+                   env=env, check=True, capture_output=True, text=True)
+    try:
+        headed = [ours([], head_ws) for _ in range(args.repeats)]
+    finally:
+        subprocess.run([sys.executable, "-m", "rayline.cli", "cluster", "down", "-w", str(head_ws)], env=env,
+                       capture_output=True, text=True)
+    return {"hand_s": median(hand), "embedded_s": median(s for s, _ in embedded), "head_s": median(s for s, _ in headed),
+            "embedded_phases": embedded[len(embedded) // 2][1], "head_phases": headed[len(headed) // 2][1]}
+
+
+def quickstart_section(tmp: Path, args) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "platform") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("RAY_ADDRESS", None)
+    ws = tmp / "ws-quickstart"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "rayline.cli", "run", str(ROOT / "pipelines" / "digits-torch.yaml"),
+                           "-w", str(ws), "--port", str(_free_port()), "--exit-after-deploy"],
+                          env=env, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    if done.returncode:
+        raise SystemExit(f"the quick start failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    from rayline.pipeline.record import RECORD_FILE
+
+    record = json.loads(next((ws / "runs").glob(f"*/{RECORD_FILE}")).read_text())
+    return {"wall_s": wall, "phases": record.get("phases", {})}
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--hand":
         data, workers, batch, epochs, out = sys.argv[2:7]
@@ -287,7 +348,8 @@ def main() -> None:
         _keras_main(data, int(threads), int(batch), int(epochs), out)
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["loop", "tf-loop", "job"], action="append")
+    parser.add_argument("--only", choices=["loop", "tf-loop", "job", "xgboost", "quickstart"], action="append")
+    parser.add_argument("--xgboost-rows", type=int, default=1_000_000)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--small-rows", type=int, default=3_000)
@@ -301,7 +363,7 @@ def main() -> None:
     args = parser.parse_args()
     from harness import format_table, machine_info
 
-    sections = args.only or ["loop", "tf-loop", "job"]
+    sections = args.only or ["loop", "tf-loop", "job", "xgboost", "quickstart"]
     print(json.dumps(machine_info(("ray", "torch")), indent=None), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-", dir=ROOT / "benchmarks"))
     results: dict = {}
@@ -324,7 +386,22 @@ def main() -> None:
             r = results["job"] = job_section(tmp, args)
             rows.append([f"whole job, {args.small_rows:,} rows, {args.small_epochs} epochs (s)", f"{r['hand_s']:.1f}",
                          f"{r['rayline_s']:.1f}", f"{r['ratio']:.1f}x"])
-            print("job: rayline phases (s) " + ", ".join(f"{k} {v:.1f}" for k, v in r["rayline_phases_s"].items()),
+            print("job: rayline phases (s) " + ", ".join(f"{k} {v:.1f}" for k, v in r["rayline_phases_s"].items()
+                                                          if k != "trials"), flush=True)
+        if "xgboost" in sections:
+            r = results["xgboost"] = xgboost_section(tmp, args)
+            rows.append([f"xgboost, {args.xgboost_rows:,}-row CSV, whole job, embedded Ray (s)", f"{r['hand_s']:.1f}",
+                         f"{r['embedded_s']:.1f}", f"{r['embedded_s'] / r['hand_s']:.1f}x"])
+            rows.append([f"xgboost, {args.xgboost_rows:,}-row CSV, whole job, running head (s)", f"{r['hand_s']:.1f}",
+                         f"{r['head_s']:.1f}", f"{r['head_s'] / r['hand_s']:.1f}x"])
+            for where in ("embedded", "head"):
+                print(f"xgboost ({where}): phases (s) " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in r[f"{where}_phases"].items() if k != "trials"), flush=True)
+        if "quickstart" in sections:
+            r = results["quickstart"] = quickstart_section(tmp, args)
+            rows.append(["README quick start to a served model, Ray stopped (s)", "-", f"{r['wall_s']:.1f}",
+                         f"{r['wall_s'] / 45:.1f}x the 45-s target"])
+            print("quickstart: phases (s) " + ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items() if k != "trials"),
                   flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -70,10 +70,11 @@ def test_sweep_ran_trials_and_registered_the_winner(digits, ws):
     assert len(history) >= 1 and sorted(m.step for m in history) == list(range(len(history)))
 
 
-def test_a_single_machine_ray_trains_without_preemption_watchers(digits):
+def test_a_single_machine_ray_trains_without_preemption_watchers_or_ray_s_placement_group_cleaners(digits):
     """This session's Ray has the environment rayline gives the Ray it starts on one machine
-    (rayline.cluster.env.train_env): Train ran the sweep's trials with no PreemptionWatcher actor,
-    one Python process less per training run."""
+    (rayline.cluster.env.train_env): Train ran the sweep's trials with no PreemptionWatcher actor;
+    and rayline's runs start no PlacementGroupCleaner (rayline.orphans frees the groups itself):
+    two Python processes less per training run."""
     import ray
     from ray.util.state import list_actors
 
@@ -82,6 +83,7 @@ def test_a_single_machine_ray_trains_without_preemption_watchers(digits):
 
     assert len(actors("TrainController")) >= len(digits.trials)
     assert actors("PreemptionWatcher") == []
+    assert actors("PlacementGroupCleaner") == []
 
 
 def _winner(digits):

@@ -103,6 +103,8 @@ def train(
     the best and the latest (another trial may still start from one: PBT)."""
     import ray.train
 
+    from rayline.orphans import without_train_cleaner
+
     backend = load_backend(spec.model.framework)
     metric = spec.resolved_metric(data.task)
     mode = metric_mode(metric)
@@ -129,13 +131,13 @@ def train(
     if arrays:
         config[ARRAYS_KEY] = arrays
     datasets = {name: split for name, split in _datasets(data).items() if name not in arrays}
-    trainer = backend.make_trainer(
+    trainer = without_train_cleaner(backend.make_trainer(
         loop_config=config,
         scaling_config=scaling,
         run_config=run_config,
         datasets=datasets,
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"] if "train" in datasets else []),
-    )
+    ))
     try:
         _fit_interruptible(trainer, join(storage_path, run_name))
     except ray.train.ControllerError as exc:
