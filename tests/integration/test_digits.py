@@ -191,7 +191,7 @@ def test_a_shard_held_in_memory_trains_as_well_as_a_streamed_one_and_each_run_re
     from rayline.pipeline.training import plan_training
     from rayline.spec import apply_overrides, load_spec
     from rayline.train.loop import read_state
-    from rayline.train.run import _datasets, loop_config
+    from rayline.train.run import datasets_of, loop_config
     from rayline.train.torch_backend import BACKEND
 
     starts = read_state(_winner(digits).checkpoint_dir)["starts"]
@@ -206,7 +206,7 @@ def test_a_shard_held_in_memory_trains_as_well_as_a_streamed_one_and_each_run_re
     final = {}
     for setting in ("always", "never"):
         config = loop_config(apply_overrides(spec, {"train.in_memory": setting}), data, plan_training(spec), [])
-        trainer = TorchTrainer(BACKEND.train_loop, train_loop_config=config, datasets=_datasets(data),
+        trainer = TorchTrainer(BACKEND.train_loop, train_loop_config=config, datasets=datasets_of(data),
                                scaling_config=ray.train.ScalingConfig(num_workers=0))  # local mode
         final[setting] = trainer.fit().metrics
     assert final["always"]["epoch"] == final["never"]["epoch"] == 3

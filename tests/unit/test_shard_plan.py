@@ -95,7 +95,7 @@ def test_only_small_model_ready_splits_are_handed_off():
     big = SimpleNamespace(train_streamed=False, rows={"train": HANDOFF_BYTES // 60 + 1, "valid": 0, "test": 0},
                           preprocessing=SimpleNamespace(output_columns=["f"] * 13), probe=None, task="classification")
     assert handed_off_bytes(big.rows["train"], 13) > HANDOFF_BYTES
-    assert hand_off(big, "auto") is None  # data beyond the limit keeps streaming through Ray Data
+    assert hand_off(big, "auto", {"train": None, "valid": None}) is None  # data beyond the limit keeps streaming through Ray Data
     small = SimpleNamespace(**{**vars(big), "rows": {"train": 100, "valid": 20, "test": 20}})
-    assert hand_off(small, "never") is None  # the spec asks to stream
-    assert hand_off(SimpleNamespace(**{**vars(small), "train_streamed": True}), "auto") is None  # images as read
+    assert hand_off(small, "never", {"train": None, "valid": None}) is None  # the spec asks to stream
+    assert hand_off(SimpleNamespace(**{**vars(small), "train_streamed": True}), "auto", {"train": None}) is None  # images as read

@@ -50,18 +50,13 @@ def _environment_fault(exc: RaylineError) -> str | None:
     return describe_fault(exc)
 
 
-# When `main` last began (time.time()): `rayline run --timings` counts the CLI's own start from here
-# when the process did not start for this command (a test or a notebook calling main in process).
-ENTERED_AT = 0.0
-
-
 def main() -> None:
     import time
 
+    from rayline.cli import apps
     from rayline.signals import stop_on_sigterm
 
-    global ENTERED_AT
-    ENTERED_AT = time.time()
+    apps.ENTERED_AT = time.time()  # the CLI's start, for `rayline run --timings`
 
     stop_on_sigterm()  # SIGTERM (docker stop, Kubernetes, `ray job stop`) stops every command as Ctrl-C does
     try:

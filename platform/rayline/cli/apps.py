@@ -8,6 +8,11 @@ import typer
 from typer.core import TyperGroup
 
 
+# When `rayline.cli.main` last began (time.time()): `rayline run --timings` counts the CLI's own start
+# from here when the process did not start for this command (a test or a notebook calling main in process).
+ENTERED_AT = 0.0
+
+
 app = typer.Typer(
     name="rayline",
     help="One YAML spec to a served model: Ray Data -> Ray Train -> Ray Tune -> MLflow -> Ray Serve.",

@@ -144,9 +144,9 @@ def _started_s() -> dict[str, float]:
     checks; from the process's start when it was started for this command, else from `main`'s."""
     import psutil
 
-    import rayline.cli
+    from rayline.cli import apps
 
-    began, entered = psutil.Process().create_time(), rayline.cli.ENTERED_AT
+    began, entered = psutil.Process().create_time(), apps.ENTERED_AT
     start = began if not entered or entered - began < _OWN_PROCESS_S else entered
     return {"cli_start": max(0.0, time.time() - start)}
 

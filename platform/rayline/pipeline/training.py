@@ -53,13 +53,13 @@ def train_stage(spec: PipelineSpec, prepared: list, *, plan, folder: str, runs_d
     same names (Tune's state, or Train's latest checkpoint)."""
     from rayline.orphans import sweep_in_background
     from rayline.storage import join
-    from rayline.train.run import train
+    from rayline.train.run import datasets_of, train
     from rayline.train.splits import hand_off
     from rayline.tune.sweep import TrialOutcome, tune_pipeline
 
     # Small splits go to the workers as arrays, put once here for every trial (rayline/train/splits.py).
     for variant in prepared:
-        variant.split_arrays = hand_off(variant, spec.train.in_memory)
+        variant.split_arrays = hand_off(variant, spec.train.in_memory, datasets_of(variant))
     data = prepared[0]
     if spec.tune:
         on_stage("train", "start", f"{'resuming ' if resume else ''}tuning: {spec.tune.num_samples} trials, "

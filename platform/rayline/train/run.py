@@ -14,7 +14,7 @@ from rayline.storage import join, list_names, read_json
 from rayline.train.loop import STREAMED, read_state
 from rayline.train.splits import ARRAYS_KEY
 
-__all__ = ["TrainResult", "train", "scaling_config", "loop_config", "locate_best", "set_aside_unreadable_snapshot",
+__all__ = ["TrainResult", "train", "scaling_config", "loop_config", "datasets_of", "locate_best", "set_aside_unreadable_snapshot",
            "checkpoint_keep", "START_RETRIES", "START_TIMEOUT_ENV"]
 
 # Keep the best checkpoint by the metric plus the latest (Ray Train never deletes the
@@ -130,7 +130,7 @@ def train(
     arrays = getattr(data, "split_arrays", None) or {}
     if arrays:
         config[ARRAYS_KEY] = arrays
-    datasets = {name: split for name, split in _datasets(data).items() if name not in arrays}
+    datasets = {name: split for name, split in datasets_of(data).items() if name not in arrays}
     trainer = without_train_cleaner(backend.make_trainer(
         loop_config=config,
         scaling_config=scaling,
@@ -149,7 +149,7 @@ def train(
     return locate_best(join(storage_path, run_name), metric, mode)
 
 
-def _datasets(data) -> dict:
+def datasets_of(data) -> dict:
     """The trainer's datasets: "train" (split over the workers), "valid" and, when the data stage
     took one, "probe" (unsplit: rayline/train/probe.py), which every backend predicts at each
     checkpoint with its live model."""

@@ -34,29 +34,27 @@ def handed_off_bytes(rows: int, num_features: int, probe_rows: int = 0) -> int:
     return (rows + probe_rows) * (num_features * 4 + 8)
 
 
-def hand_off(data, in_memory: str) -> dict | None:
+def hand_off(data, in_memory: str, datasets: dict) -> dict | None:
     """{split: ObjectRef} for the splits of `data` (PreparedData) the workers read as arrays, or None
-    when they stay Ray Data datasets (see the module doc). Called once by the driver per prepared data."""
+    when they stay Ray Data datasets (see the module doc). `datasets`: the trainer's datasets by name
+    (rayline/train/run.py's datasets_of: train, valid and the probe). Called once by the driver per
+    prepared data."""
     import ray
 
     from rayline.train.loop import shard_arrays
-    from rayline.train.probe import PROBE_DATASET
 
     if in_memory == "never" or getattr(data, "train_streamed", False):
         return None
     num_features = len(data.preprocessing.output_columns)
-    probe = getattr(data, "probe", None)
     rows = data.rows.get("train", 0) + data.rows.get("valid", 0)
-    probe_rows = data.rows.get("test", 0) if probe is not None else 0  # at most that many (PROBE_ROWS)
+    probe_rows = data.rows.get("test", 0) if len(datasets) > 2 else 0  # at most that many (PROBE_ROWS)
     if handed_off_bytes(rows, num_features, probe_rows) > HANDOFF_BYTES:
         return None
     label = np.int64 if data.task == "classification" else np.float32
-    splits = {"train": (data.train, label), "valid": (data.valid, label)}
-    if probe is not None:
-        splits[PROBE_DATASET] = (probe, np.float64)  # the label dtype probe_features reads it with
     refs = {}
-    for name, (dataset, dtype) in splits.items():
-        features, labels = shard_arrays(dataset, num_features, dtype)
+    for name, dataset in datasets.items():
+        # The probe's labels are never read (probe_features): float64 holds whatever they are.
+        features, labels = shard_arrays(dataset, num_features, label if name in ("train", "valid") else np.float64)
         refs[name] = ray.put({"features": features, "label": labels})
     return refs
 
