@@ -174,3 +174,38 @@ def test_validate_asks_for_the_type_of_an_unstated_string_column(tmp_path):
         load_spec(_table_spec(tmp_path, _image_rows(tmp_path), feature_types="{photo: image}"))
     assert "string columns ['shop'] need encoding" in str(caught.value)
     assert "their types in data.feature_types" in str(caught.value)
+
+
+def _columns_of(data):
+    return [next(iter(step.model_dump().values()))["columns"] for step in data.preprocess]
+
+
+def test_an_image_or_text_step_without_columns_takes_the_only_column_of_its_kind():
+    from rayline.data.feature_types import with_step_columns
+
+    # An image folder has one image column (binary) and the documented step names no columns.
+    folder = _data(preprocess=[{"image": {"size": [32, 32], "channels": 1, "normalize": "per_channel"}}])
+    filled, problems = with_step_columns(folder, ["image"], {"image": "binary"})
+    assert problems == [] and _columns_of(filled) == [["image"]]
+    # A table: the one binary column; text: the one string column no other step or stated type claims.
+    table = _data(preprocess=[{"one_hot": {"columns": ["city"]}}, {"text": {}}, {"image": {"size": [8, 8]}}])
+    filled, problems = with_step_columns(table, ["photo", "ticket", "city", "x"], KINDS)
+    assert problems == [] and _columns_of(filled) == [["city"], ["ticket"], ["photo"]]
+    # A stated type decides among several candidates.
+    stated = _data(feature_types={"ticket": "text", "city": "categorical"}, preprocess=[{"text": {}}])
+    assert _columns_of(with_step_columns(stated, list(KINDS), KINDS)[0]) == [["ticket"]]
+    # Named columns are left as written; a spec without such a step is returned as it is.
+    named = _data(preprocess=[{"text": {"columns": ["city"]}}])
+    assert with_step_columns(named, list(KINDS), KINDS)[0] is named
+
+
+def test_a_step_without_columns_where_the_data_has_none_or_several_names_them():
+    from rayline.data.feature_types import with_step_columns
+
+    several = _data(preprocess=[{"text": {}}])
+    _, problems = with_step_columns(several, ["ticket", "city"], KINDS)
+    assert problems == ["data.preprocess[0].text.columns: the data has 2 text columns; name the ones this step "
+                        "encodes (got none; allowed: ticket, city)"]
+    _, problems = with_step_columns(_data(preprocess=[{"image": {"size": [8, 8]}}]), ["x", "zip"], KINDS)
+    assert problems == ["data.preprocess[0].image.columns: the data has no image column to default to (got none; "
+                        "allowed: a list of columns: binary image files, or string columns data.feature_types states image)"]

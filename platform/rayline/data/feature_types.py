@@ -24,7 +24,7 @@ from typing import Callable
 from rayline.data.step_base import NUMERIC_KINDS, ColumnPlan
 
 __all__ = ["FEATURE_TYPES", "MAX_INFERRED_SIDE", "COLUMN_KINDS_OF", "image_columns", "inferred_image_params",
-           "with_default_steps"]
+           "with_default_steps", "with_step_columns"]
 
 FEATURE_TYPES = ("numeric", "categorical", "text", "image")
 MAX_INFERRED_SIDE = 224  # an inferred image size's longest side, at most
@@ -40,10 +40,48 @@ _STEP_TYPES = {"one_hot": "categorical", "text": "text", "image": "image"}
 _GRAYSCALE_MODES = ("1", "L", "LA", "I", "I;16", "F")  # palette (P) images are taken as colour
 
 
+def with_step_columns(data_spec, features: list[str], kinds: dict[str, str]) -> tuple[object, list[str]]:
+    """(the data spec with every `image` and `text` step that names no `columns` given the data's only
+    column of its kind, problems). An image column is a binary one (encoded files: an image folder's
+    `image`) or one stated image in data.feature_types; a text column is one stated text, or else a
+    string column no step and no stated type claims. None or several is a problem naming them."""
+    steps = list(data_spec.preprocess)
+    dumped = [next(iter(step.model_dump(by_alias=True).items())) for step in steps]
+    if not any(kind in ("image", "text") and (params or {}).get("columns") is None for kind, params in dumped):
+        return data_spec, []
+    stated = data_spec.feature_types
+    named = {c for _, params in dumped if isinstance(params, dict) and isinstance(params.get("columns"), list)
+             for c in params["columns"]}
+    candidates = {
+        "image": [c for c in features if stated.get(c) == "image" or (kinds.get(c) == "binary" and c not in stated)],
+        "text": [c for c in features if stated.get(c) == "text"] or
+                [c for c in features if kinds.get(c) == "string" and c not in stated and c not in named],
+    }
+    problems, filled = [], []
+    for index, (step, (kind, params)) in enumerate(zip(steps, dumped)):
+        found = candidates.get(kind)
+        if found is None or params.get("columns") is not None:
+            filled.append(step)
+        elif len(found) == 1:
+            filled.append(type(step).model_validate({kind: {**params, "columns": found}}))
+        else:
+            at = f"data.preprocess[{index}].{kind}.columns"
+            problems.append(
+                f"{at}: the data has {len(found)} {kind} columns; name the ones this step encodes (got none; "
+                f"allowed: {', '.join(found)})" if found else
+                f"{at}: the data has no {kind} column to default to (got none; allowed: a list of columns: "
+                + ("binary image files, or string columns data.feature_types states image)" if kind == "image" else
+                   "string columns, or ones data.feature_types states text)"))
+            filled.append(step)
+    if problems:
+        return data_spec, problems
+    return data_spec.model_copy(update={"preprocess": filled}), []
+
+
 def image_columns(data_spec, columns: list[str]) -> list[str]:
     """The columns the spec makes images: stated so, or named by an image step."""
     named = {c for step in data_spec.preprocess for kind, params in step.model_dump().items()
-             if kind == "image" for c in params["columns"]}
+             if kind == "image" for c in params["columns"] or ()}
     stated = {c for c, t in data_spec.feature_types.items() if t == "image"}
     return [c for c in columns if c in named | stated]
 

@@ -5,7 +5,7 @@ train split). Registered with the others in rayline/data/steps.py.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Optional
 
 from pydantic import Field
 
@@ -20,8 +20,10 @@ class AugmentParams(StepParams):
 
 
 class ImageParams(StepParams):
-    columns: list[str] = Field(min_length=1, description="Image columns: encoded image files (PNG, JPEG, ...) as bytes "
-                                                         "(an image folder, a Parquet binary column) or base64 text.")
+    columns: Optional[list[str]] = Field(
+        None, min_length=1, description="Image columns: encoded image files (PNG, JPEG, ...) as bytes (an image folder, "
+                                        "a Parquet binary column) or base64 text. Default: the data's only image column "
+                                        "(binary, or stated image in data.feature_types).")
     size: tuple[Annotated[int, Field(ge=1, le=1024)], Annotated[int, Field(ge=1, le=1024)]] = Field(
         description="[height, width] in pixels every image is resized to (bilinear).")
     channels: Literal[1, 3] = Field(3, description="1: grayscale, 3: RGB.")
@@ -96,7 +98,9 @@ class Image(Step):
 
 
 class TextParams(StepParams):
-    columns: list[str] = Field(min_length=1, description="Free-text columns.")
+    columns: Optional[list[str]] = Field(
+        None, min_length=1, description="Free-text columns. Default: the data's only text column (stated text in "
+                                        "data.feature_types, or else the only string column no other step names).")
     tokenizer: Literal["word", "bpe"] = Field("word", description="word: the most frequent words of the train split; "
                                                                   "bpe: byte-pair subwords learnt on it (Hugging Face "
                                                                   "tokenizers).")

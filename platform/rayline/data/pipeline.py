@@ -25,7 +25,7 @@ from rayline.data.profile import MAX_LABEL_VALUES, ProfileRequest, profile_datas
 from rayline.data.schema_check import infer_task
 from rayline.data.split import HASH_COLUMN, TEST, TRAIN, VALID, AddRowHash, Thresholds
 from rayline.data.values import value_key, value_rank
-from rayline.data.feature_types import image_columns, with_default_steps
+from rayline.data.feature_types import image_columns, with_default_steps, with_step_columns
 from rayline.data.fingerprint import fingerprint
 from rayline.data.image_paths import ReadImageFiles, base_of, path_columns
 from rayline.monitoring.statistics import TrainingStatistics
@@ -277,6 +277,13 @@ def _typed(ds, source, names: list[str], kinds: dict[str, str], variants: list):
     steps of data.feature_types appended: data/feature_types.py). Updates `kinds` in place."""
     import functools
 
+    filled = []  # image and text steps without columns get the data's only column of their kind
+    for variant in variants:
+        data, problems = with_step_columns(variant.data, names, kinds)
+        if problems:
+            raise DataError("; ".join(problems))
+        filled.append(variant if data is variant.data else variant.model_copy(update={"data": data}))
+    variants = filled
     images = sorted({c for v in variants for c in image_columns(v.data, names)})
     strings = [c for c in images if kinds.get(c) == "string"]
     if strings:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rayline.data.feature_types import image_columns, with_default_steps
+from rayline.data.feature_types import image_columns, with_default_steps, with_step_columns
 from rayline.data.image_paths import ReadImageFiles, base_of, path_columns
 from rayline.data.preprocess import column_kind
 from rayline.data.sources import feature_columns
@@ -54,6 +54,10 @@ def check_spec_against_data(spec) -> list[str]:
             problems.append(f"data.features[{i}]: no such column in the data (got {col!r}; allowed: {allowed})")
     known = [c for c in features if c in columns]
     kinds = {c: column_kind(schema.field(c).type) for c in known}
+    data, fill_problems = with_step_columns(spec.data, known, kinds)  # image/text steps' default columns
+    if fill_problems:
+        return problems + fill_problems
+    spec = spec.model_copy(update={"data": data})
     try:
         images, paths = _image_sample(spec, known, kinds)  # path columns' kinds become binary
     except DataError as exc:
