@@ -224,8 +224,9 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
             ray.init(address=address, log_to_driver=verbose, namespace="rayline", runtime_env=runtime_env)
             stop_on_sigterm()  # over Ray's handler, which ray.init just installed
             return Connection(address=address, embedded=False, owned=True)
-        # The dashboard hosts Ray's state API, which Train V2 uses to free the placement
-        # groups of trials Tune stops early; without it those CPUs leak.
+        # The dashboard hosts Ray's state API and Jobs API. (Train V2's PlacementGroupCleaner used the
+        # state API to free the placement groups of trials Tune stops early; rayline's runs start no
+        # cleaner now: rayline.orphans frees those groups from the GCS's own table.)
         os.environ.update(train_env(single_machine=True))  # inherited by the raylet and every worker
         os.environ.update(serve_env(ingress))
         dashboard_port = pin_state_api()
