@@ -217,10 +217,11 @@ class TorchBackend(Backend):
 class _ResidentShard:
     """A worker's train shard held in memory for the whole run (ShardPlan kind "memory").
 
-    Fetched once, in Ray Data's large blocks; on a GPU it lives on the device when it takes at most
-    half of the device's free memory (a batch is then an index into it, no copy per step), else in
-    pinned host memory, each batch copied asynchronously. Every rank keeps the fewest rows any rank
-    has (loop.py's fewest_rows)."""
+    Fetched once (handed off as arrays, or in Ray Data's large blocks); on a GPU it lives on the device
+    when it takes at most half of the device's free memory (a batch is then an index into it, no copy
+    per step), else in host memory, each batch gathered there and copied to the device (not
+    overlapped with the step: a shard that large is rare, and the copy is one batch). Every rank keeps
+    the fewest rows any rank has (loop.py's fewest_rows)."""
 
     def __init__(self, shard, num_features: int, label_dtype, device, reporter, allreduce_sum):
         import torch
@@ -234,8 +235,6 @@ class _ResidentShard:
             free, _ = torch.cuda.mem_get_info(device)
             if self.x.nbytes + self.y.nbytes <= free // 2:
                 self.x, self.y, self.on_device = self.x.to(device), self.y.to(device), True
-            else:
-                self.x, self.y = self.x.pin_memory(), self.y.pin_memory()
 
     def __len__(self) -> int:
         return len(self.y)
@@ -251,7 +250,7 @@ class _ResidentShard:
             index = order[start:start + batch_size]
             x, y = self.x.index_select(0, index), self.y.index_select(0, index)
             if not self.on_device:
-                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                x, y = x.to(self.device), y.to(self.device)
             yield {"features": x, "label": y}
 
 
