@@ -139,7 +139,8 @@ _IN_MEMORY_SHARE = 0.5
 class ShardPlan:
     """How one torch or tensorflow worker holds its train shard, and the figures that decided it.
 
-    kind "memory": fetched once from Ray Data in large blocks; each epoch slices mini-batches from
+    kind "memory": fetched once (arrays the driver handed off: rayline/train/splits.py, or Ray Data's
+    large blocks); each epoch slices mini-batches from
     it in a fresh permutation (`epoch_order`): no Ray Data iterator, collation or local shuffle
     buffer per step, which cost more than a small model's forward and backward (issue 37: 0.31x
     the hand-written DDP loop). kind "stream": read from Ray Data every epoch, as before; the only
