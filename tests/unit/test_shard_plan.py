@@ -78,7 +78,7 @@ def test_a_handed_off_train_split_is_each_workers_equal_share_and_valid_is_whole
 
     arrays = {"features": np.arange(22, dtype=np.float32).reshape(11, 2), "label": np.arange(11)}
     shares = [ArrayShard(arrays, rank=r, world=3, split=True) for r in range(3)]
-    assert [s.count() for s in shares] == [3, 3, 3]  # 11 rows: 3 each, as Ray's equal split
+    assert [len(s.labels) for s in shares] == [3, 3, 3]  # 11 rows: 3 each, as Ray's equal split
     assert [list(next(s.iter_batches())["label"]) for s in shares] == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
     whole = ArrayShard(arrays, rank=1, world=3)  # valid, probe: every worker reads all rows
     batches = list(whole.iter_batches(batch_size=4))

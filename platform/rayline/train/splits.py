@@ -83,9 +83,6 @@ class ArrayShard:
             features, labels = features[rank::world][:each], labels[rank::world][:each]
         self.features, self.labels = features, labels
 
-    def count(self) -> int:
-        return len(self.labels)
-
     def iter_batches(self, *, batch_size: int | None = None, batch_format: str = "numpy", **_) -> Iterator[dict]:
         """{"features", "label"} batches of `batch_size` rows (all rows when None), numpy only."""
         if batch_format != "numpy":
