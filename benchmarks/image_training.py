@@ -66,7 +66,8 @@ def rayline_run(folder: Path, args, ws) -> dict:
     summary = run_pipeline(parse_spec(spec_dict(folder, args)), ws, deploy=False, data_cache=False)
     wall = time.monotonic() - started
     return {"wall_s": wall, "data_s": summary.seconds["data"], "train_s": summary.seconds["train"],
-            "register_s": summary.seconds["register"],
+            "register_s": summary.seconds["register"], "trained_on": summary.trained_on,
+            "epoch_end_at": [r["at"] for r in summary.trials[0].result.timeline.get("reports", [])],
             "images_per_s": summary.throughput[0], "valid_accuracy": summary.valid_metrics["accuracy"],
             "train_rows": summary.rows["train"]}
 
@@ -131,7 +132,7 @@ def _worker(rank: int, world: int, files: dict, classes: list, stats: tuple, arg
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank] if args.gpu else None)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
-    train_seconds, seen, accuracy = 0.0, 0, 0.0
+    train_seconds, seen, accuracy, ends = 0.0, 0, 0.0, []
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         model.train()
@@ -155,11 +156,12 @@ def _worker(rank: int, world: int, files: dict, classes: list, stats: tuple, arg
         if rank == 0:
             with tempfile.TemporaryDirectory() as d:
                 torch.save(model.module.state_dict(), os.path.join(d, "weights.pt"))
+        ends.append(time.time())  # as rayline's report: after validation and the checkpoint
     totals = torch.tensor([float(seen), train_seconds], device=device)  # nccl reduces GPU tensors only
     dist.all_reduce(totals)
     if rank == 0:
         Path(result_file).write_text(json.dumps({"images_per_s": totals[0].item() / (totals[1].item() / world),
-                                                 "valid_accuracy": accuracy}))
+                                                 "valid_accuracy": accuracy, "epoch_end_at": ends}))
     dist.destroy_process_group()
 
 
@@ -208,16 +210,27 @@ def main() -> None:
         print(f"machine: {info['cpu']}, {info['cores']} cores, {info['ram_gib']} GiB; load {info['load_avg_1m']}; "
               f"{count:,} PNGs {args.size}x{args.size}, {args.workers} workers, {args.epochs} epochs, batch {args.batch}, "
               f"{args.precision}{', GPU' if args.gpu else ''}", flush=True)
-        hand = hand_written(folder, args)
-        print(f"  hand-written: {hand['wall_s']:.1f} s, {hand['images_per_s']:,.0f} images/s", flush=True)
-        ws = workspace(str(tmp / "ws")).ensure()
-        conn = connect(ws, None)
-        try:
-            ours = rayline_run(folder, args, ws)
-        finally:
-            conn.shutdown()
+        import contextlib
+
+        if args.gpu:
+            from gpu_meter import GpuBusy
+        with GpuBusy() if args.gpu else contextlib.nullcontext() as gpu:
+            hand = hand_written(folder, args)
+            print(f"  hand-written: {hand['wall_s']:.1f} s, {hand['images_per_s']:,.0f} images/s", flush=True)
+            ws = workspace(str(tmp / "ws")).ensure()
+            conn = connect(ws, None)
+            try:
+                ours = rayline_run(folder, args, ws)
+            finally:
+                conn.shutdown()
         print(f"  rayline: {ours['wall_s']:.1f} s ({ours['data_s']:.1f} s data, {ours['train_s']:.1f} s train), "
-              f"{ours['images_per_s']:,.0f} images/s", flush=True)
+              f"{ours['images_per_s']:,.0f} images/s, trained on {ours['trained_on']}", flush=True)
+        if gpu is not None:  # busy share from the first epoch's end to the last's (the steady epochs)
+            for who, result in (("hand-written", hand), ("rayline", ours)):
+                share = gpu.share(result["epoch_end_at"][0], result["epoch_end_at"][-1])
+                result["gpu_busy"] = share
+                print(f"  {who}: the GPU ({gpu.name}) was busy {'-' if share is None else f'{share:.0%}'} "
+                      "of its steady epochs", flush=True)
         # The hand-written script registers nothing: rayline's register stage (artifact, probe check,
         # test metrics, MLflow) is shown apart, and the like-for-like ratio is data + train.
         like = ours["data_s"] + ours["train_s"]

@@ -77,7 +77,7 @@ def spec_dict(data: Path, args, epochs: int, framework: str = "torch", workers: 
         "task": "classification",
         "model": {"framework": framework, "kind": "mlp", "params": {"hidden_sizes": list(HIDDEN)}},
         "train": {"workers": workers or args.workers, "epochs": epochs, "batch_size": args.batch,
-                  "in_memory": args.in_memory,
+                  "in_memory": args.in_memory, **({"use_gpu": True} if getattr(args, "gpu", False) else {}),
                   "optimizer": {"name": "adam", "lr": 0.001}, "metric": "accuracy"},
     }
 
@@ -92,41 +92,48 @@ def _hand_rank(rank: int, world: int, data: str, args: dict, out: str) -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    gpu = args.get("gpu", False)
+    device = torch.device(f"cuda:{rank}") if gpu else torch.device("cpu")
+    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
     arrays = np.load(data)
-    x = torch.from_numpy(arrays["x"][rank::world].copy())
-    y = torch.from_numpy(arrays["y"][rank::world].copy())
+    # On a GPU the rows live on the device, as a hand-written loop over in-memory tensors would keep them.
+    x = torch.from_numpy(arrays["x"][rank::world].copy()).to(device)
+    y = torch.from_numpy(arrays["y"][rank::world].copy()).to(device)
     layers, width = [], FEATURES
     for hidden in HIDDEN:
         layers += [torch.nn.Linear(width, hidden), torch.nn.ReLU()]
         width = hidden
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers, torch.nn.Linear(width, 2)))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers, torch.nn.Linear(width, 2)).to(device),
+                                                      device_ids=[rank] if gpu else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
     loss_fn = torch.nn.CrossEntropyLoss()
     per_rank = args["batch"] // world
-    times = []
+    times, ends = [], []
     for epoch in range(args["epochs"]):
         started = time.perf_counter()
-        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch)).to(device)
         for i in range(0, len(x), per_rank):
             idx = order[i:i + per_rank]
             optimizer.zero_grad(set_to_none=True)
             loss_fn(model(x[idx]), y[idx]).backward()
             optimizer.step()
+        if gpu:
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - started)
+        ends.append(time.time())
     if rank == 0:
         state = {k: v for k, v in model.module.state_dict().items()}
         torch.save(state, os.path.join(os.path.dirname(out), "hand-weights.pt"))
-        Path(out).write_text(json.dumps({"epoch_s": times, "rows": len(x) * world}))
+        Path(out).write_text(json.dumps({"epoch_s": times, "epoch_end_at": ends, "rows": len(x) * world}))
     dist.destroy_process_group()
 
 
-def _hand_main(data: str, workers: int, batch: int, epochs: int, out: str) -> None:
+def _hand_main(data: str, workers: int, batch: int, epochs: int, out: str, gpu: bool = False) -> None:
     import torch.multiprocessing as mp
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    mp.start_processes(_hand_rank, args=(workers, data, {"batch": batch, "epochs": epochs}, out),
+    mp.start_processes(_hand_rank, args=(workers, data, {"batch": batch, "epochs": epochs, "gpu": gpu}, out),
                        nprocs=workers, start_method="spawn")
 
 
@@ -155,11 +162,11 @@ def hand_job(arrays: Path, args, epochs: int, tmp: Path) -> dict:
     """The hand script as a fresh process: wall seconds from start to exit and its epoch times."""
     out = tmp / f"hand-{time.monotonic_ns()}.json"
     started = time.monotonic()
-    subprocess.run([sys.executable, __file__, "--hand", str(arrays), str(args.workers), str(args.batch), str(epochs), str(out)],
-                   check=True)
+    subprocess.run([sys.executable, __file__, "--hand", str(arrays), str(args.workers), str(args.batch), str(epochs), str(out),
+                    *(["gpu"] if getattr(args, "gpu", False) else [])], check=True)
     wall = time.monotonic() - started
     result = json.loads(out.read_text())
-    return {"wall_s": wall, "epoch_s": result["epoch_s"], "rows": result["rows"]}
+    return {"wall_s": wall, "epoch_s": result["epoch_s"], "epoch_end_at": result["epoch_end_at"], "rows": result["rows"]}
 
 
 def _keras_main(data: str, threads: int, batch: int, epochs: int, out: str) -> None:
@@ -201,7 +208,8 @@ def rayline_loop(csv: Path, args, ws, framework: str = "torch", workers: int | N
     (trial,) = summary.trials  # no sweep: the one training run
     history = trial.result.history
     return {"samples_per_s": [row["samples_per_s"] for row in history], "seconds": summary.seconds,
-            "valid_accuracy": summary.valid_metrics["accuracy"]}
+            "valid_accuracy": summary.valid_metrics["accuracy"], "trained_on": summary.trained_on,
+            "report_at": [r["at"] for r in trial.result.timeline.get("reports", [])]}
 
 
 def rayline_job(csv: Path, args, epochs: int, tmp: Path) -> dict:
@@ -230,21 +238,38 @@ def loop_section(tmp: Path, args) -> dict:
     from rayline.cluster.connection import connect
     from rayline.workspace import workspace
 
+    import contextlib
+
     csv = churn_like(tmp / "churn-100k.csv", args.rows)
     arrays = hand_arrays(csv, tmp / "churn-100k.npz")
-    hand = hand_job(arrays, args, args.epochs, tmp)
-    ws = workspace(str(tmp / "ws-loop")).ensure()
-    conn = connect(ws, None)
-    try:
-        ours = rayline_loop(csv, args, ws)
-    finally:
-        conn.shutdown()
+    busy = {}
+    with (_gpu_busy() if args.gpu else contextlib.nullcontext()) as gpu:
+        hand = hand_job(arrays, args, args.epochs, tmp)
+        ws = workspace(str(tmp / "ws-loop")).ensure()
+        conn = connect(ws, None)
+        try:
+            ours = rayline_loop(csv, args, ws)
+        finally:
+            conn.shutdown()
+    if gpu is not None:  # the GPU's busy share from the first epoch's end to the last's (the steady epochs)
+        busy = {"hand_gpu_busy": gpu.share(hand["epoch_end_at"][0], hand["epoch_end_at"][-1]),
+                "rayline_gpu_busy": gpu.share(ours["report_at"][0], ours["report_at"][-1]), "gpu": gpu.name}
     hand_rate = median(hand["rows"] / s for s in hand["epoch_s"][1:])
     # rayline trains on its train split only (80% of the rows): samples/s is rate, not rows, so it compares.
     ours_rate = median(ours["samples_per_s"][1:])
     return {"hand_samples_per_s": hand_rate, "rayline_samples_per_s": ours_rate, "ratio": ours_rate / hand_rate,
             "rayline_epochs": ours["samples_per_s"], "hand_epoch_s": hand["epoch_s"],
-            "rayline_valid_accuracy": ours["valid_accuracy"]}
+            "rayline_valid_accuracy": ours["valid_accuracy"], "trained_on": ours["trained_on"], **busy}
+
+
+def _share(value) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _gpu_busy():
+    from gpu_meter import GpuBusy
+
+    return GpuBusy()
 
 
 def tf_loop_section(tmp: Path, args) -> dict:
@@ -341,7 +366,7 @@ def quickstart_section(tmp: Path, args) -> dict:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--hand":
         data, workers, batch, epochs, out = sys.argv[2:7]
-        _hand_main(data, int(workers), int(batch), int(epochs), out)
+        _hand_main(data, int(workers), int(batch), int(epochs), out, gpu=sys.argv[7:8] == ["gpu"])
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--keras":
         data, threads, batch, epochs, out = sys.argv[2:7]
@@ -359,6 +384,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--in-memory", default="auto", choices=["auto", "always", "never"],
                         help="rayline's train.in_memory (never: the streamed loop, for a before/after)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="loop: both on the GPU (train.use_gpu; the hand loop's tensors on the device, nccl), "
+                             "with each one's GPU busy share (NVML); use --workers 1 on one GPU")
     parser.add_argument("--json-out")
     args = parser.parse_args()
     from harness import format_table, machine_info
@@ -374,7 +402,10 @@ def main() -> None:
             rows.append([f"training loop, {args.rows:,} rows, {args.workers} workers, batch {args.batch} (samples/s)",
                          f"{r['hand_samples_per_s']:,.0f}", f"{r['rayline_samples_per_s']:,.0f}", f"{r['ratio']:.2f}x"])
             print(f"loop: rayline per epoch {[round(v) for v in r['rayline_epochs']]}, "
-                  f"valid accuracy {r['rayline_valid_accuracy']:.3f}", flush=True)
+                  f"valid accuracy {r['rayline_valid_accuracy']:.3f}, trained on {r['trained_on']}", flush=True)
+            if args.gpu:
+                rows.append([f"GPU busy share, steady epochs ({r['gpu']})", _share(r["hand_gpu_busy"]),
+                             _share(r["rayline_gpu_busy"]), ""])
         if "tf-loop" in sections:
             r = results["tf-loop"] = tf_loop_section(tmp, args)
             rows.append([f"tensorflow loop, {args.rows:,} rows, 1 worker ({r['threads']} threads), batch {args.batch} "

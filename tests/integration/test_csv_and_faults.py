@@ -2,6 +2,7 @@
 
 import glob
 import os
+import re
 import signal
 import threading
 import time
@@ -340,7 +341,9 @@ def _sharded_model_serves_as_trained(summary, ws):
     from rayline import load_model
 
     start = next(detail for stage, event, detail in summary.events if stage == "train" and event == "start")
-    assert "fsdp (sharded)" in start, start
+    assert "FSDP (sharded)" in start, start
+    # The summary says what the workers found, from their own start records (after the restart too).
+    assert re.fullmatch(r"2 workers x cpu \(\d+ threads?\), FSDP \(sharded\), fp32", summary.trained_on), summary.trained_on
     rows = [GOOD, {**GOOD, "plan": "basic", "tenure": 3.0}, {**GOOD, "tenure": None, "fee": 80.0}]
     offline = load_model(summary.name, summary.version, workspace=str(ws.root)).predict(rows, probabilities=True)
     served = httpx.post(f"{summary.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60).json()

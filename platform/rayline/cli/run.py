@@ -297,6 +297,8 @@ def print_summary(summary, spec) -> None:
         console.print(board)
     if summary.data_variants > 1:
         console.print(f"data stage: {summary.data_variants} preprocessing variants, prepared once each and shared by the trials")
+    if summary.trained_on:
+        console.print(f"trained on: {summary.trained_on}")
     if summary.throughput:
         total, per_worker = summary.throughput
         console.print(f"training throughput: {total:,.0f} samples/s ({per_worker:,.0f} per worker), mean over the "

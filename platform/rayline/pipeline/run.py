@@ -66,6 +66,7 @@ def run_pipeline(
     run's phases in its record and summary (rayline/pipeline/phases.py).
     """
     from rayline.event_files import mean_throughput
+    from rayline.train.hardware import trained_on
     from rayline.orphans import release_orphaned_placement_groups, sweep_in_background
     from rayline.pipeline.prepare import prepare_stage
     from rayline.pipeline.phases import train_phases
@@ -156,7 +157,8 @@ def run_pipeline(
     winner, data = trained.winner, trained.data
     phases.update(seconds)
     phases["trials"] = len(trained.trials)
-    write_record(folder, {**record, "status": "registered", "version": registered.version, "phases": phases})
+    write_record(folder, {**record, "status": "registered", "version": registered.version, "phases": phases,
+                          "trained_on": trained_on(trained.winner.starts)})
     return RunSummary(
         name=spec.name, version=registered.version, task=data.task, metric=spec.resolved_metric(data.task),
         valid_metrics=winner.metrics, test_metrics=registered.test_metrics, trials=trained.trials, endpoint=endpoint,
@@ -164,6 +166,7 @@ def run_pipeline(
         resumed_run=experiment if previous else None, leaderboard=registered.leaderboard,
         data_variants=len(prepared), report=report, tensorboard=trained.tensorboard,
         throughput=mean_throughput(winner.history), phases=phases, record_folder=folder,
+        trained_on=trained_on(winner.starts),
     )
 
 

@@ -33,4 +33,7 @@ class RunSummary:
     throughput: tuple | None = None  # the winner's training samples/s (total, per worker), mean over its epochs
     # Where the run's time went, phase by phase (rayline/pipeline/phases.py), as its record keeps them.
     phases: dict = field(default_factory=dict)
+    # What the winner's workers trained on, as they found it ('2 workers x NVIDIA H200 (cuda)':
+    # rayline/train/hardware.py); None for runs recorded before workers said.
+    trained_on: str | None = None
     record_folder: str | None = None  # the run's experiment folder (its record: rayline/pipeline/record.py)

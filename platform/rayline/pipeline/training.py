@@ -51,8 +51,11 @@ def train_stage(spec: PipelineSpec, prepared: list, *, plan, folder: str, runs_d
                 search_paths: list[str], resume: bool, on_stage: Callable[[str, str, str], None]) -> Trained:
     """Train (or sweep) on the prepared data; `resume`: continue the interrupted run saved under the
     same names (Tune's state, or Train's latest checkpoint)."""
+    import ray
+
     from rayline.orphans import sweep_in_background
     from rayline.storage import join
+    from rayline.train.hardware import cluster_accelerators, plan_text
     from rayline.train.run import datasets_of, train
     from rayline.train.splits import hand_off
     from rayline.tune.sweep import TrialOutcome, tune_pipeline
@@ -61,17 +64,17 @@ def train_stage(spec: PipelineSpec, prepared: list, *, plan, folder: str, runs_d
     for variant in prepared:
         variant.split_arrays = hand_off(variant, spec.train.in_memory, datasets_of(variant))
     data = prepared[0]
+    resources = plan_text(plan, cluster_accelerators(ray.cluster_resources()) if plan.gpus_per_worker else ())
     if spec.tune:
         on_stage("train", "start", f"{'resuming ' if resume else ''}tuning: {spec.tune.num_samples} trials, "
-                 f"{plan.concurrent_trials} at once, {plan.workers_text()} x {plan.cpus_per_worker:g} CPU"
-                 f"{technique_text(spec)}")
+                 f"{plan.concurrent_trials} at once, {resources}{technique_text(spec, plan)}")
         outcome = tune_pipeline(spec, prepared if len(prepared) > 1 else data, storage_path=runs_dir,
                                 experiment=experiment, plan=plan, search_paths=search_paths, resume=resume)
         winner, trials = outcome.winner, outcome.trials
         data = prepared[outcome.winner_variant]  # the winner's own preprocessing is the one registered
     else:
-        on_stage("train", "start", f"{'resuming: ' if resume else ''}{plan.workers_text()} x "
-                 f"{plan.cpus_per_worker:g} CPU, {spec.train.epochs} epochs{technique_text(spec)}")
+        on_stage("train", "start", f"{'resuming: ' if resume else ''}{resources}, {spec.train.epochs} epochs"
+                 f"{technique_text(spec, plan)}")
         # Same storage path and name as the interrupted run: Ray Train restores its latest checkpoint.
         winner = train(spec, data, storage_path=folder, run_name="train", plan=plan, search_paths=search_paths)
         trials = [TrialOutcome(trial_id="train", overrides={}, status="terminated", result=winner)]
@@ -95,12 +98,14 @@ def _event_files(location: str, trials: list) -> str | None:
         return None
 
 
-def technique_text(spec: PipelineSpec) -> str:
-    """', bf16, effective batch 256 (64 x 4 micro-batches), fp16 gradient compression' for the train
-    stage's start line; '' when plain."""
+def technique_text(spec: PipelineSpec, plan) -> str:
+    """', DDP, bf16, effective batch 256 (64 x 4 micro-batches), fp16 gradient compression' for the
+    train stage's start line: how the workers train together and in which precision, always, and
+    the techniques that are on."""
+    from rayline.train.hardware import spec_strategy_text
+
     train = spec.train
-    parts = ["fsdp (sharded)"] if train.strategy == "fsdp" else []
-    parts += [train.precision] if train.precision != "fp32" else []
+    parts = [spec_strategy_text(spec, max(plan.max_workers, plan.start_workers, plan.min_workers))]
     if train.grad_accumulation > 1:
         parts.append(f"effective batch {train.effective_batch_size} ({train.batch_size} x {train.grad_accumulation} micro-batches)")
     if train.grad_compression.name != "none":

@@ -64,6 +64,7 @@ def loop_config(spec: PipelineSpec, data, plan: ResourcePlan, search_paths: list
         "metric": spec.resolved_metric(task),
         "seed": spec.data.split.seed,
         "threads": plan.threads_per_worker,
+        "use_gpu": spec.train.use_gpu,  # xgboost: device cuda (torch and TF take the device Ray Train gives)
         "in_memory": spec.train.in_memory,  # how a worker holds its train shard (loop.py's shard_plan)
         "train_rows": data.rows["train"],  # xgboost: whether a worker's shard can be empty
         # xgboost: a worker's memory budget, when it reserves one (train.resources_per_worker.memory)

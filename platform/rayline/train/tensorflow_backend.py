@@ -27,6 +27,7 @@ from rayline.inference.tensorflow_model import (PREDICT_BATCH, WEIGHTS_FILE, bui
                                                  use_legacy_keras)
 from rayline.inference.tensorflow_model import outputs as model_outputs
 from rayline.train.backend import Backend
+from rayline.train.hardware import strategy_text, tf_worker_device
 from rayline.train.loop import (EpochReporter, available_memory, combine_metrics, epoch_order, eval_chunks,
                                 fewest_rows, model_ready, own_valid_rows, sha256_of, shard_arrays, shard_plan,
                                 streamed_preprocessing, with_last)
@@ -114,11 +115,15 @@ class TensorflowBackend(Backend):
                           available_bytes=available_memory(),
                           local_workers=ray.train.get_context().get_local_world_size(),
                           handed_off="train" in (config.get(ARRAYS_KEY) or {}))
+        device = tf_worker_device()
         reporter.record_start({
             "weights_sha256": sha256_of(np.ascontiguousarray(w).tobytes() for w in model.get_weights()),
             "optimizer_sha256": sha256_of(np.ascontiguousarray(np.asarray(v.numpy())).tobytes()
                                           for v in optimizer.variables),
             "train_shard": plan.as_dict(),
+            "device": device,  # the summary's "trained on" line (rayline/train/hardware.py)
+            "strategy": strategy_text("tensorflow", reporter.world_size, precision=precision,
+                                      gpus_per_worker=device["count"] if device["type"] == "cuda" else 0),
         })
         probabilities = classification and emits_probabilities(model)
         label_dtype = np.int64 if classification else np.float32

@@ -12,6 +12,7 @@ import numpy as np
 from rayline.inference.arch import ARCH_FILE
 from rayline.inference.torch_model import WEIGHTS_FILE, build_model
 from rayline.train.backend import Backend
+from rayline.train.hardware import strategy_text, worker_device
 from rayline.train.loop import (EpochReporter, available_memory, combine_metrics, epoch_order, eval_chunks,
                                 fewest_rows, model_ready, own_valid_rows, sha256_of, shard_arrays, shard_plan,
                                 streamed_preprocessing, with_last)
@@ -117,7 +118,10 @@ class TorchBackend(Backend):
         else:
             evidence = state_digests((model.module if hasattr(model, "module") else model).state_dict(),
                                      optimizer.state_dict())
-        reporter.record_start({**evidence, "train_shard": plan.as_dict()})
+        # The device it found (rayline/train/hardware.py): the summary's "trained on" line.
+        reporter.record_start({**evidence, "train_shard": plan.as_dict(), "device": worker_device(device),
+                               "strategy": strategy_text("torch", reporter.world_size, strategy="fsdp" if sharded else "ddp",
+                                                         precision=config.get("precision", "fp32"))})
         loss_fn = torch.nn.CrossEntropyLoss() if classification else torch.nn.MSELoss()
         label_dtype = torch.long if classification else torch.float32
         train_shard = dataset_shard(config, "train")

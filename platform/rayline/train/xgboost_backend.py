@@ -46,6 +46,7 @@ from rayline.inference.arch import ARCH_FILE
 from rayline.inference.xgboost_model import MODEL_FILE
 from rayline.inference.xgboost_model import outputs as model_outputs
 from rayline.train.backend import Backend
+from rayline.train.hardware import strategy_text, xgboost_device
 from rayline.train.loop import (EpochReporter, available_memory, combine_metrics, own_valid_rows, sha256_of,
                                 shard_batches, streamed_preprocessing)
 from rayline.evaluation import MetricPartials
@@ -200,6 +201,9 @@ def _settings(config: dict) -> tuple[dict, int, int, int, str]:
     external = str(params.pop("external_memory", "auto"))
     params.update(objective_params(config["task"], arch["num_outputs"]))
     params["nthread"] = int(config["threads"])
+    # train.use_gpu: the worker's own GPU (Ray Train sets CUDA_VISIBLE_DEVICES per worker), where
+    # xgboost builds the matrix and boosts; without it xgboost would train on the CPU beside an idle GPU.
+    params["device"] = "cuda" if config.get("use_gpu") else "cpu"
     params.setdefault("seed", int(config["seed"]))
     params.setdefault("verbosity", 1)
     return params, max(1, rounds), early, every, external
@@ -276,6 +280,9 @@ class XGBoostBackend(Backend):
                 # early-stopping state it continues.
                 reporter.record_start({
                     "train_matrix": plan.as_dict(),
+                    "device": xgboost_device(params["device"], int(params["nthread"])),  # rayline/train/hardware.py
+                    "strategy": strategy_text("xgboost", reporter.world_size,
+                                              gpus_per_worker=1 if params["device"] == "cuda" else 0),
                     "rounds": model.num_boosted_rounds(),
                     "trees_sha256": sha256_of(tree.encode() for tree in model.get_dump(dump_format="json")),
                     "early_stopping": {"best_score": state["best_score"], "best_round": state["best_round"]},
