@@ -25,6 +25,8 @@ import pickle
 import tarfile
 import tempfile
 
+from rayline.data.task_cpus import map_args
+
 __all__ = ["evaluate_rows"]
 
 _PARTIAL = "partial"
@@ -82,7 +84,7 @@ def _in_tasks(artifact_dir: str, rows):
 
     blob = _pack(artifact_dir)
     partials = rows.map_batches(_block_partials, fn_kwargs={"artifact": ray.put(blob), "digest": hashlib.sha256(blob).hexdigest()},
-                                batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
+                                batch_format="pyarrow", batch_size=None, zero_copy_batch=True, **map_args())
     total = None
     try:
         for batch in partials.iter_batches(batch_format="pyarrow", batch_size=None):

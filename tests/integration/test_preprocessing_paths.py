@@ -57,3 +57,62 @@ def test_materialize_with_progress_counts_every_block_and_equals_ray_materialize
     assert reading.total_blocks == 6 and lines[-1].startswith("reading 6,000 rows (6 of 6 blocks), "), lines[-1]
     # Used twice: the blocks stay in the object store, not recomputed.
     assert ours.sum("id") == sum(2 * i for i in range(6_000))
+
+
+def test_the_data_stage_runs_on_the_cpus_others_leave_and_fails_at_once_when_none_are_left(ray_session, ws, tmp_path):
+    """Served models can hold most CPUs (issue 38: a run hung at `data: started` for 12 minutes with
+    `{'CPU': 1.0}` pending). A real actor holds all but half a CPU: the stage's read and map tasks
+    run on that half. Holding all but 0.01: a ResourceError at once, naming the holder."""
+    import threading
+    import time
+
+    import pytest
+    import ray
+    from sklearn.datasets import load_iris
+
+    from rayline.errors import ResourceError
+    from rayline.pipeline.prepare import prepare_stage
+    from rayline.spec import parse_spec
+
+    csv = tmp_path / "iris.csv"
+    load_iris(as_frame=True).frame.assign(target=lambda f: f["target"].map({0: "a", 1: "b", 2: "c"})).to_csv(csv, index=False)
+    spec = parse_spec({"name": "busy-iris", "data": {"source": {"format": "csv", "path": str(csv)}, "label": "target",
+                                                     "preprocess": [{"standard_scale": {"columns": "numeric"}}]},
+                       "task": "classification", "model": {"framework": "torch", "kind": "mlp"}})
+
+    @ray.remote
+    class CpuHolder:
+        def ready(self) -> bool:
+            return True
+
+    def prepared_while_held(cpus_left: float):
+        free = ray.available_resources()["CPU"]
+        holder = CpuHolder.options(num_cpus=free - cpus_left).remote()
+        ray.get(holder.ready.remote())
+        events, outcome = [], {}
+
+        def stage():
+            try:
+                outcome["prepared"] = prepare_stage(spec, ws, data_cache=False, on_stage=lambda *e: events.append(e))
+            except Exception as exc:  # noqa: BLE001 - asserted below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=stage, daemon=True)
+        thread.start()
+        thread.join(180)  # before the fix: waits forever for a whole CPU
+        ray.kill(holder)
+        deadline = time.monotonic() + 30  # the holder's CPUs are back (ray.kill returns before they are)
+        while ray.available_resources().get("CPU", 0.0) < free - 1e-6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not thread.is_alive(), f"the data stage waited with {cpus_left} CPU free: {events}"
+        return outcome, events
+
+    outcome, events = prepared_while_held(0.5)
+    assert "error" not in outcome, outcome
+    assert outcome["prepared"][0].rows["train"] + outcome["prepared"][0].rows["valid"] + outcome["prepared"][0].rows["test"] == 150
+    shares = [detail for stage, event, detail in events if event == "progress" and "CPU per task" in detail]
+    assert shares and float(shares[0].split()[0]) <= 0.5, events
+
+    outcome, _ = prepared_while_held(0.01)
+    with pytest.raises(ResourceError, match=r"^data: 0\.0\d of the cluster's 2 CPUs are free; .*Held by: .*CpuHolder"):
+        raise outcome["error"]

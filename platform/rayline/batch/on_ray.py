@@ -32,8 +32,9 @@ def plan_scorers(available_cpus: float, read_cpus: float = 1.0) -> tuple[int, fl
     needed = read_cpus + 0.1
     if available_cpus < needed - 1e-9:
         raise ResourceError(f"batch scoring: needs at least {needed:g} free logical CPUs, {read_cpus:g} to read and "
-                            f"some to score (got {available_cpus:g} free; allowed: free CPUs, e.g. delete Serve apps "
-                            "or use fewer replicas, or a cluster in RAY_ADDRESS)")
+                            f"some to score (got {available_cpus:g} free; allowed: --engine local to score in this "
+                            "process without Ray, free CPUs (`rayline serve delete NAME`, fewer replicas), or a "
+                            "cluster in RAY_ADDRESS)")
     rest = available_cpus - read_cpus
     if rest < 2.0:
         return 1, round(min(1.0, rest), 2)

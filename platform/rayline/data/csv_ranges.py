@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 
+from rayline.data.task_cpus import map_args
+
 __all__ = ["RANGE_BYTES", "MIN_RANGE_BYTES", "byte_ranges", "range_size", "read_csv_ranges", "use_ranges"]
 
 RANGE_BYTES = 64 * 2**20  # the most a task reads: ~2M rows of a 6-column CSV, one block
@@ -69,7 +71,7 @@ def read_csv_ranges(files: list[str], convert_options, range_bytes: int | None =
         for start, end in byte_ranges(os.path.getsize(path), range_bytes):
             items.append({"path": path, "start": start, "end": end, "schema": schema.serialize().to_pybytes()})
     return ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-        _ReadRange(convert_options), batch_size=1, batch_format="pandas")
+        _ReadRange(convert_options), batch_size=1, batch_format="pandas", **map_args())
 
 
 class _ReadRange:

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from rayline.errors import DataError
+from rayline.data.task_cpus import map_args, remote_args
 
 __all__ = ["IMAGE_SUFFIXES", "IMAGE_COLUMN", "LABEL_COLUMN", "PATH_COLUMN", "image_files", "has_images", "sample_images",
            "read_image_folder"]
@@ -134,5 +135,5 @@ def read_image_folder(path: str, labelled: bool = True, shuffled: bool = True):
     # The split does not depend on it (it hashes each row's values).
     if shuffled:
         random.Random(0).shuffle(files)
-    ds = ray.data.read_binary_files(files, include_paths=True, file_extensions=None)
-    return ds.map_batches(_Rows(path), batch_format="pyarrow", batch_size=256)
+    ds = ray.data.read_binary_files(files, include_paths=True, file_extensions=None, ray_remote_args=remote_args())
+    return ds.map_batches(_Rows(path), batch_format="pyarrow", batch_size=256, **map_args())

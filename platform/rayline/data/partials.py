@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from rayline.data.task_cpus import map_args
+
 __all__ = ["block_partials"]
 
 
@@ -28,5 +30,5 @@ class _PerBlock:
 
 def block_partials(ds, fn: Callable[[pd.DataFrame], Any]) -> list:
     """`fn(block as pandas)` for every block of `ds`, in one pass."""
-    rows = ds.map_batches(_PerBlock(fn), batch_format="pandas", batch_size=None).take_all()
+    rows = ds.map_batches(_PerBlock(fn), batch_format="pandas", batch_size=None, **map_args()).take_all()
     return [pickle.loads(row["partial"]) for row in rows]

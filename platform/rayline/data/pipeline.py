@@ -31,6 +31,7 @@ from rayline.data.image_paths import ReadImageFiles, base_of, path_columns
 from rayline.monitoring.statistics import TrainingStatistics
 from rayline.data.sources import feature_columns, read_dataset, unwrap_data_error
 from rayline.errors import DataError
+from rayline.data.task_cpus import map_args
 
 __all__ = ["PreparedData", "prepare_data", "prepare_variants", "to_training_batch", "PROBE_ROWS"]
 
@@ -181,8 +182,9 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
     kinds = dict(zip(schema.names, (column_kind(t) for t in schema.types)))
     ds, variants = _typed(ds, source, names, kinds, variants)
     read = names + [label] + ([key] if key is not None and key not in names and key != label else [])
-    hashed = ds.select_columns(read).map_batches(
-        AddRowHash([key] if key is not None else names + [label], split.seed), batch_format="pyarrow", batch_size=None)
+    hashed = ds.select_columns(read, **map_args()).map_batches(
+        AddRowHash([key] if key is not None else names + [label], split.seed), batch_format="pyarrow", batch_size=None,
+        **map_args())
     probe_split = TEST if split.test > 0 else VALID
     request = ProfileRequest.for_steps(label, names, kinds, [v.data.preprocess for v in variants],
                                        valid=split.valid, test=split.test, probe_rows=PROBE_ROWS, probe_split=probe_split)
@@ -231,7 +233,7 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
     try:
         try:
             test_rows = hashed.map_batches(_SplitRows(split, probe_split, names + [label], shared_test_rows),
-                                           batch_format="pyarrow", batch_size=None).materialize()
+                                           batch_format="pyarrow", batch_size=None, **map_args()).materialize()
         except Exception as exc:
             raise _unwrap_data_error(exc) from exc
         phases.done("test rows")
@@ -287,17 +289,17 @@ def _typed(ds, source, names: list[str], kinds: dict[str, str], variants: list):
     images = sorted({c for v in variants for c in image_columns(v.data, names)})
     strings = [c for c in images if kinds.get(c) == "string"]
     if strings:
-        sample = ds.select_columns(strings).take_batch(_PATHS_SAMPLED, batch_format="pyarrow")
+        sample = ds.select_columns(strings, **map_args()).take_batch(_PATHS_SAMPLED, batch_format="pyarrow")
         paths = path_columns(sample, strings, "data.source")
         if paths:
             # Small batches: a block of paths may name thousands of files.
             ds = ds.map_batches(ReadImageFiles(paths, base_of(source.path)), batch_format="pyarrow",
-                                batch_size=_FILES_PER_BATCH)
+                                batch_size=_FILES_PER_BATCH, **map_args())
             kinds.update({c: "binary" for c in paths})
 
     @functools.cache
     def first_image(col):
-        values = [v for v in ds.select_columns([col]).take_batch(_PATHS_SAMPLED, batch_format="pyarrow")
+        values = [v for v in ds.select_columns([col], **map_args()).take_batch(_PATHS_SAMPLED, batch_format="pyarrow")
                   .column(col).to_pylist() if v is not None]
         if not values:
             raise DataError(f"data.feature_types.{col}: no image in the first rows to infer the size from "
@@ -446,7 +448,7 @@ def _transformed(hashed, split, fitted, test_rows, data_fingerprint, probe_frame
             step = _SplitRows(split, TRAIN, columns, folder)
         else:
             step = _SplitToTrainingBatch(split, which, fitted, folder)
-        ds = hashed.map_batches(step, batch_format="pyarrow", batch_size=None)
+        ds = hashed.map_batches(step, batch_format="pyarrow", batch_size=None, **map_args())
         out = materialize(ds, PhaseProgress(tick, f"transforming {which}", total_rows=rows[which]) if tick else None)
         # The blocks' order shuffled once they are all there: a reordering of their references,
         # no data moves. (Inside the plan, before the progress count, it held back every block

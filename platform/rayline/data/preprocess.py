@@ -20,6 +20,7 @@ import pandas as pd
 from rayline.data.compiled import CompiledTransform, lookup_index, category_codes
 from rayline.data.steps import Step, STEPS, ColumnPlan, check_steps, step_from_state
 from rayline.data.values import value_key
+from rayline.data.task_cpus import map_args
 from rayline.errors import DataError
 
 __all__ = ["FeatureInfo", "LabelInfo", "FittedPreprocessing", "column_kind", "fit_preprocessing"]
@@ -203,7 +204,7 @@ def fit_preprocessing(train, features: list[FeatureInfo], label: LabelInfo, step
         if isinstance(train, pd.DataFrame):
             stats = profile_frame(train[names], request).train_stats()
         else:
-            stats = profile_dataset(train.select_columns(names), request).train_stats()
+            stats = profile_dataset(train.select_columns(names, **map_args()), request).train_stats()
 
     steps: list[Step] = []
     for index, step_model in enumerate(steps_spec):

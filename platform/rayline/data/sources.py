@@ -32,6 +32,7 @@ import pandas as pd
 from rayline.data.json_files import (is_json_array, json_array_rows, json_array_table, json_error, json_lines_head,
                                      json_lines_table, rows_table)
 from rayline.errors import DataError
+from rayline.data.task_cpus import remote_args
 
 __all__ = ["SAMPLE_ROWS", "FORMAT_SUFFIXES", "feature_columns", "is_uri", "format_of", "resolve_paths", "source_schema", "sample_table",
            "sample_frame", "read_file", "read_dataset", "csv_convert_options", "unwrap_data_error", "first_line"]
@@ -275,16 +276,17 @@ def read_dataset(source):
 
             # A large local file in parallel byte ranges (data/csv_ranges.py); else Ray's reader, a task per file.
             ds = (read_csv_ranges(files, csv_convert_options()) if use_ranges(files)
-                  else ray.data.read_csv(files, file_extensions=None, convert_options=csv_convert_options()))
+                  else ray.data.read_csv(files, file_extensions=None, convert_options=csv_convert_options(),
+                                        ray_remote_args=remote_args()))
         elif source.format == "parquet":
-            ds = ray.data.read_parquet(files, file_extensions=None)
+            ds = ray.data.read_parquet(files, file_extensions=None, ray_remote_args=remote_args())
         elif any(is_uri(f) for f in files):
-            ds = ray.data.read_json(files, file_extensions=None)  # Arrow for lines, json.load for arrays
+            ds = ray.data.read_json(files, file_extensions=None, ray_remote_args=remote_args())  # Arrow for lines, json.load for arrays
         else:
             array_ds, lines_ds = _json_datasources()
             arrays = [f for f in files if is_json_array(f)]
             lines = [f for f in files if f not in set(arrays)]
-            parts = [ray.data.read_datasource(cls(group, file_extensions=None))
+            parts = [ray.data.read_datasource(cls(group, file_extensions=None), ray_remote_args=remote_args())
                      for cls, group in ((array_ds, arrays), (lines_ds, lines)) if group]
             ds = parts[0] if len(parts) == 1 else parts[0].union(*parts[1:])
         # Reads the first block now, so a malformed (first) file fails here with a one-line

@@ -30,6 +30,7 @@ class Registered:
 def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Workspace, experiment: str,
                    on_stage: Callable[[str, str, str], None]) -> Registered:
     """Log `trained`'s trials and register its winner as model `spec.name`'s next version."""
+    from rayline.data.task_cpus import fitted_to_free_cpus
     from rayline.redact import redact_uri
     from rayline.spec import apply_overrides, metric_mode
     from rayline.tune.leaderboard import family_leaderboard
@@ -54,7 +55,8 @@ def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Wo
         # where the test rows are: no test split in this process.
         from rayline.offline_metrics import evaluate_rows
 
-        test_metrics, partials = evaluate_rows(artifact, data.test_rows, with_partials=True)
+        with fitted_to_free_cpus("register", required=False):  # tasks only for a large test split
+            test_metrics, partials = evaluate_rows(artifact, data.test_rows, with_partials=True)
         _add_test_metrics(artifact, test_metrics)
         _add_predictions(artifact, partials, data.preprocessing)
         mv = registry.register(
