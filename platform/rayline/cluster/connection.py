@@ -5,6 +5,7 @@ the cluster's token auth matched before connecting.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ from rayline.errors import ClusterError
 from rayline.ports import free_port
 from rayline.signals import stop_on_sigterm
 from rayline.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Connection", "read_head_record", "recorded_head", "match_cluster_auth", "cluster_address", "connect",
            "pin_state_api", "token_auth_on"]
@@ -229,12 +232,7 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
         # cleaner now: rayline.orphans frees those groups from the GCS's own table.)
         os.environ.update(train_env(single_machine=True))  # inherited by the raylet and every worker
         os.environ.update(serve_env(ingress))
-        dashboard_port = pin_state_api()
-        # address="local": a Ray of our own even when another head on this machine recorded
-        # itself in /tmp/ray/ray_current_cluster (a bare ray.init() would join that cluster).
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
-                 dashboard_port=dashboard_port, log_to_driver=verbose, namespace="rayline",
-                 configure_logging=True, logging_level="WARNING")
+        _start_embedded(num_cpus, verbose)
     except ConnectionError as exc:
         raise ClusterError(f"cannot reach a Ray cluster at {address}: {exc} (start one with `rayline cluster up`)") from None
     except Exception as exc:
@@ -247,6 +245,28 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
         raise ClusterError(f"cannot start Ray{' at ' + address if address else ''}: {str(exc).splitlines()[0]}") from None
     stop_on_sigterm()  # over Ray's handler, which ray.init just installed
     return Connection(address=None, embedded=True, owned=True)
+
+
+def _start_embedded(num_cpus: int | None, verbose: bool, ports: tuple = (8265, None)) -> None:
+    """ray.init of an embedded Ray, its dashboard on 8265 when free. Two runs started in the same
+    second can both find 8265 free and the second's dashboard then fails to bind it ("Failed to
+    start the dashboard"): that start is retried once on a port the OS picks among thousands."""
+    import ray
+
+    for attempt, preferred in enumerate(ports):
+        # address="local": a Ray of our own even when another head on this machine recorded
+        # itself in /tmp/ray/ray_current_cluster (a bare ray.init() would join that cluster).
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+                     dashboard_port=pin_state_api(preferred), log_to_driver=verbose, namespace="rayline",
+                     configure_logging=True, logging_level="WARNING")
+            return
+        except Exception as exc:
+            if attempt == len(ports) - 1 or "dashboard" not in str(exc).lower():
+                raise
+            log.warning("rayline: Ray's dashboard could not bind its port (%s); starting Ray again on another port",
+                        str(exc).splitlines()[0])
+            ray.shutdown()  # the half-started node's processes, before the second start
 
 
 def pin_state_api(preferred: int | None = 8265) -> int:

@@ -1,0 +1,52 @@
+"""Two runs started in the same second (issue 38): both can find Ray's dashboard port 8265 free, and
+the second's dashboard then fails to bind it ("Failed to start the dashboard"). The embedded start
+retries on a port the OS picks.
+
+The race is made certain, not waited for: in a subprocess, the check for a free 8265 answers a port
+that a listening socket holds (as if another run bound 8265 between the check and the bind); the rest
+is real: Ray starts, its dashboard fails to bind, rayline starts Ray again, and a task runs on it.
+"""
+
+import os
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+SCRIPT = r"""
+import os, socket, sys
+sys.path.insert(0, sys.argv[1])
+import rayline.cluster.connection as connection
+
+held = socket.socket()
+held.bind(("127.0.0.1", 0))
+held.listen()
+taken = held.getsockname()[1]
+free_port = connection.free_port
+asked = []
+
+def racing(host, preferred=None):
+    asked.append(preferred)
+    return taken if preferred == 8265 else free_port(host, preferred)
+
+connection.free_port = racing
+connection._start_embedded(1, False)
+import ray
+
+print("asked", asked)
+print("api", os.environ["RAY_API_SERVER_ADDRESS"], "taken", taken)
+print("task", ray.get(ray.remote(lambda: 41 + 1).remote()))
+ray.shutdown()
+"""
+
+
+def test_an_embedded_start_whose_dashboard_port_was_taken_starts_again_on_another():
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "platform")], capture_output=True, text=True,
+                          timeout=180, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert lines["asked"] == "[8265, None]", done.stdout  # the port taken, then one the OS picked
+    address, taken = lines["api"].split(" taken ")
+    assert not address.endswith(f":{taken}"), done.stdout  # the state API names the dashboard's new port
+    assert lines["task"] == "42", done.stdout
+    assert "could not bind its port" in done.stderr and "starting Ray again on another port" in done.stderr, done.stderr
