@@ -367,6 +367,10 @@ def test_cli_status_joins_the_running_cluster(keyfile_app, digits, tmp_path):
     assert (status.model, status.versions) == ("digits", [digits.version])
     proc = _cli("nope", "--address", address, "-w", str(tmp_path))
     assert proc.returncode == 1 and "no Serve application named 'nope'" in proc.stderr
+    # rayline's lines only (issue 38): not Ray's INFO lines about joining the cluster.
+    assert proc.stderr.lstrip().startswith("error: "), proc.stderr
+    for ray_line in ("Connecting to existing Ray cluster", "Connected to Ray cluster", "worker.py:"):
+        assert ray_line not in proc.stderr + proc.stdout, proc.stderr
 
 
 def test_cli_status_without_a_cluster_fails_fast(tmp_path):

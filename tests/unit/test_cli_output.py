@@ -180,3 +180,24 @@ def test_ray_datas_no_cpus_warning_stays_out_of_the_terminal():
     other = record("Warning: some other problem with the dataset")
     assert not any(h.filter(no_cpus) for h in terminal)
     assert all(h.filter(other) for h in terminal)
+
+
+def test_the_raylets_worker_count_notices_stay_out_of_the_terminal(capsys):
+    """Ray prints the raylet's error-channel messages whatever log_to_driver says; the "N PYTHON worker
+    processes have been started" notices (five in the quick start on 2 cores) go to rayline's log,
+    every other raylet message still reaches the terminal. Ray's own printer, called as Ray's
+    listener thread calls it."""
+    import ray._private.worker as ray_worker
+
+    from rayline.cluster.env import quiet_driver_logs
+
+    quiet_driver_logs()
+    quiet_driver_logs()  # wrapped once, however often it is called
+    assert ray_worker.print_to_stdstream._rayline_filtered
+    notice = ("WARNING: 10 PYTHON worker processes have been started on node: abc with address: 10.0.0.1. This "
+              "could be a result of using a large number of actors, or due to tasks blocked in ray.get() calls.")
+    ray_worker.print_to_stdstream({"lines": [notice], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    killed = "A worker died or was killed while executing a task by an unexpected system error (OOM)."
+    ray_worker.print_to_stdstream({"lines": [killed], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    out = capsys.readouterr().out
+    assert "PYTHON worker processes" not in out and killed in out, out

@@ -224,7 +224,10 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
                 _use_loopback_head()
             # A head from `rayline cluster up` already has train_env(); another cluster gets it per job.
             runtime_env = None if address == recorded else {"env_vars": train_env()}
-            ray.init(address=address, log_to_driver=verbose, namespace="rayline", runtime_env=runtime_env)
+            # logging_level: without it Ray prints its INFO lines ("Connecting to existing Ray cluster at
+            # address ...", "Connected to Ray cluster. View the dashboard at ...") on every command's terminal.
+            ray.init(address=address, log_to_driver=verbose, namespace="rayline", runtime_env=runtime_env,
+                     logging_level="INFO" if verbose else "WARNING")
             stop_on_sigterm()  # over Ray's handler, which ray.init just installed
             return Connection(address=address, embedded=False, owned=True)
         # The dashboard hosts Ray's state API and Jobs API. (Train V2's PlacementGroupCleaner used the

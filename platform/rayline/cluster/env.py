@@ -162,6 +162,38 @@ def quiet_driver_logs() -> None:
     # "Token authentication is enabled/disabled for this Ray cluster ..." at every start of an embedded
     # Ray: rayline decides token mode itself (cluster_probe) and says what matters in its errors.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    _keep_raylet_notices_in_the_log()
+
+
+# The raylet's notices that say nothing a rayline user can act on, printed on the driver's terminal as
+# "(raylet) WARNING: 10 PYTHON worker processes have been started on node ... This could be a result of
+# using a large number of actors, or due to tasks blocked in ray.get() calls": five of them in the
+# quick start on 2 cores, where a sweep's trials are that many actors by design (issue 38).
+_RAYLET_NOISE = ("PYTHON worker processes have been started",)
+
+
+def _keep_raylet_notices_in_the_log() -> None:
+    """Ray prints the raylet's error-channel messages on the driver's terminal whatever log_to_driver
+    says (ray/_private/worker.py listen_error_messages -> print_to_stdstream). Those in _RAYLET_NOISE
+    go to rayline's log instead; every other message (a worker killed for memory, say) still prints.
+    Ray's function is wrapped once per process; a Ray without it is left alone."""
+    import logging
+
+    import ray._private.worker as ray_worker
+
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "_rayline_filtered", False):
+        return
+
+    def print_to_stdstream(data, ignore_prefix: bool):
+        lines = data.get("lines") or []
+        if data.get("pid") == "raylet" and lines and all(any(n in line for n in _RAYLET_NOISE) for line in lines):
+            logging.getLogger("rayline.raylet").info("%s", " ".join(lines))
+            return None
+        return printer(data, ignore_prefix)
+
+    print_to_stdstream._rayline_filtered = True
+    ray_worker.print_to_stdstream = print_to_stdstream
 
 
 def _drop_no_cpus_warning(record) -> bool:
