@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.table import Table
@@ -121,6 +121,8 @@ def serve_deploy(
                                                "latency goes above this many milliseconds."),
     min_requests: Optional[int] = typer.Option(None, "--min-requests", help="With a limit: canary requests seen before "
                                                "the limits are checked (default 100)."),
+    set_: List[str] = typer.Option([], "--set", metavar="serve.PATH=VALUE", help="Change a serve setting of the model, "
+                                   "e.g. --set serve.replicas.max=4 (VALUE is YAML); a running version is updated in place."),
     address: Optional[str] = ServeAddressOpt,
     workspace: Optional[Path] = WorkspaceOpt,
     host: str = typer.Option("127.0.0.1", help="HTTP host for Ray Serve, if it is not running yet."),
@@ -132,6 +134,12 @@ def serve_deploy(
     from rayline.serve import versions
     from rayline.spec.serve_spec import CanarySpec
 
+    from rayline.serve.settings import with_serve_overrides
+    from rayline.spec import ServeSpec
+    from rayline.spec.overrides import parse_set_options
+
+    overrides = parse_set_options(set_)
+    with_serve_overrides(ServeSpec(), overrides)  # bad paths and values fail here, before Ray is reached
     limits = {"max_error_rate": max_error_rate, "max_p99_ms": max_p99_ms, "min_requests": min_requests}
     given = [f"--{k.replace('_', '-')}" for k, v in limits.items() if v is not None]
     if given and canary is None:
@@ -150,7 +158,7 @@ def serve_deploy(
             raise RaylineError(f"--min-requests: only with --max-error-rate or --max-p99-ms (got --min-requests {min_requests})")
         gate = spec.gate()
     _rollout(workspace, address, lambda ws: versions.deploy(name, version, ws=ws, canary_percent=canary, gate=gate,
-                                                            host=host, port=port).message)
+                                                            host=host, port=port, overrides=overrides).message)
 
 
 @serve_app.command("promote")

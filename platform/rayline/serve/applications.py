@@ -6,6 +6,7 @@ waiting until they run, deleting them. Serve routes the longest matching route p
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Optional
@@ -14,7 +15,7 @@ from rayline.errors import ServeError
 from rayline.serve.routing_table import forget_replicas
 
 __all__ = ["version_app", "version_route", "serve_apps", "live_versions", "router_running", "ensure_serve",
-           "wait_for_replica_resources", "start_version", "delete_apps", "router_build_args", "start_early",
+           "wait_for_replica_resources", "start_version", "running_settings", "settings_changes", "settings_record", "delete_apps", "router_build_args", "start_early",
            "wait_running", "start_router"]
 
 
@@ -80,32 +81,79 @@ def wait_for_replica_resources(name: str, cpus: float, replicas: int, timeout_s:
             )
         time.sleep(0.5)
 
-def start_version(name: str, version: str, route: str, settings: dict, ws, framework: str, created: list) -> None:
-    """Application NAME-vN, answering, unless it already runs."""
+def start_version(name: str, version: str, route: str, settings: dict, ws, framework: str, created: list,
+                  update: bool = False) -> list[str]:
+    """Application NAME-vN, answering. One that already runs is left as it is, unless `update` (the
+    user changed settings: `serve deploy --set`) and it runs with other settings: then it is updated
+    in place through Serve's own update of the application (the old replicas serve until the new
+    ones answer); the changes come back as 'replicas.max: 2 -> 4', [] when nothing changed."""
     from ray import serve
 
     from rayline.serve.app import build_app
+    from rayline.spec import ServeSpec
 
     app = version_app(name, version)
     current = serve_apps().get(app)
-    if current is not None and str(getattr(current.status, "value", current.status)) == "RUNNING":
-        return
+    spec = ServeSpec.model_validate(settings)
+    running = current is not None and str(getattr(current.status, "value", current.status)) == "RUNNING"
+    changes = settings_changes(running_settings(name, version), spec.model_dump()) if running and update else []
+    if running and not changes:
+        return []
     args = {"name": name, "version": version, "workspace": str(ws.root), "tracking_uri": ws.tracking_uri_override,
             "framework": framework or None, **settings}
-    from rayline.spec import ServeSpec
-
-    spec = ServeSpec.model_validate(settings)
-    wait_for_replica_resources(app, spec.resources_per_replica.cpus, max(1, spec.replicas.min))
-    created.append(app)
+    if not running:
+        wait_for_replica_resources(app, spec.resources_per_replica.cpus, max(1, spec.replicas.min))
+        created.append(app)
     try:
         serve.run(build_app(args), name=app, route_prefix=version_route(route, version), blocking=False)
+        return changes
     except Exception as exc:
         from rayline.serve.details import deployment_failure
 
         reason = deployment_failure(app) or str(exc).strip().splitlines()[-1]
-        delete_apps([app])
-        created.remove(app)
+        if not running:  # an update that Serve refused leaves the running application as it was
+            delete_apps([app])
+            created.remove(app)
         raise ServeError(f"deploying {name} v{version} at {version_route(route, version)} failed: {reason}") from exc
+
+
+def running_settings(name: str, version: str) -> dict | None:
+    """The serve settings version `version`'s application was last built with (router.py's record)."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    from rayline.serve.router import KV_NAMESPACE, version_settings_key
+
+    raw = _internal_kv_get(version_settings_key(name, str(version)), namespace=KV_NAMESPACE)
+    return json.loads(raw) if raw else None
+
+
+def settings_changes(before: dict | None, after: dict) -> list[str]:
+    """'replicas.max: 2 -> 4' for each setting that differs (nested keys dotted); a version recorded
+    before settings were (None) counts as unchanged: nothing to compare."""
+    if before is None:
+        return []
+    old, new = _flat(before), _flat(after)
+    return [f"{key}: {json.dumps(old.get(key))} -> {json.dumps(new.get(key))}"
+            for key in sorted(set(old) | set(new)) if key != "debug_infer_delay_s" and old.get(key) != new.get(key)]
+
+
+def settings_record(settings: dict) -> dict:
+    """The settings that differ from ServeSpec's defaults, dotted: what a deployment record keeps
+    (the whole mapping is ~750 characters, and the record keeps its newest entries within a tag's size)."""
+    from rayline.spec import ServeSpec
+
+    defaults = _flat(ServeSpec().model_dump(exclude={"route", "canary"}))
+    return {k: v for k, v in _flat(settings).items() if defaults.get(k, object()) != v}
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def delete_apps(apps: list) -> None:

@@ -59,6 +59,7 @@ POLL_S = 0.25  # how soon every replica follows a new split: one KV read (~0.3 m
 LATENCY_WINDOW = 10_000  # canary latencies kept for the p99 (most recent)
 ACK_EVERY_S = 2.0  # a replica re-says which revision it serves (and why a load failed) at least this often
 RETRY_LOAD_S = 5.0  # a version that failed to load is tried again after this long, not every poll
+RETIRE_S = 30.0  # a stack replaced by one with new settings is closed this long after: its requests in flight finish
 log = logging.getLogger("ray.serve")
 
 
@@ -215,6 +216,7 @@ class Router:
         self.slots = AdmissionSlots(s.max_ongoing_requests, s.max_queued_requests, s.retry_after_s)  # one per replica
         self.stats: dict[str, _Stats] = {}
         self.stacks: dict = {}  # version -> VersionStack, loaded in this replica
+        self.built_with: dict = {}  # version -> the recorded settings (raw) its stack was built with
         self.failed: dict[str, tuple[float, str]] = {}  # version -> (when, why) its load last failed
         self.routes = _Routes(RoutingTable({}), None, {})
         self.error: Optional[str] = None
@@ -276,31 +278,36 @@ class Router:
 
     def _load(self, versions: list) -> None:
         """Load each version in `versions` not held yet (a failure is retried after RETRY_LOAD_S)."""
+        from ray.experimental.internal_kv import _internal_kv_get
+
         for version in versions:
-            if version in self.stacks:
+            # `rayline serve deploy --set` rebuilds a version's application with new settings and
+            # records them: a held stack built with other settings is built again, then swapped in.
+            raw = _internal_kv_get(version_settings_key(self.name, version), namespace=KV_NAMESPACE)
+            if version in self.stacks and self.built_with.get(version) == raw:
                 continue
             failed = self.failed.get(version)
             if failed and time.monotonic() - failed[0] < RETRY_LOAD_S:
                 continue
             try:
-                self.stacks[version] = self._build(version)
+                old = self.stacks.get(version)
+                self.stacks[version], self.built_with[version] = self._build(version, raw), raw
+                if old is not None:  # requests already routed to it finish on it first
+                    threading.Timer(RETIRE_S, old.close).start()
                 self.failed.pop(version, None)
             except Exception as exc:  # noqa: BLE001 - keep serving what is loaded; say why in the ack
                 why = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
                 self.failed[version] = (time.monotonic(), why)
                 log.warning("rayline route %s: loading version %s failed: %s", self.name, version, why)
 
-    def _build(self, version: str):
-        """Version `version`'s request stack, with the settings it was deployed with."""
-        from ray.experimental.internal_kv import _internal_kv_get
-
+    def _build(self, version: str, raw: bytes | None):
+        """Version `version`'s request stack, with the settings it was deployed with (`raw`: as recorded)."""
         from rayline.model import Predictor
         from rayline.registry import Registry
         from rayline.serve.stack import build_stack
         from rayline.spec import ServeSpec
         from rayline.workspace import workspace as make_workspace
 
-        raw = _internal_kv_get(version_settings_key(self.name, version), namespace=KV_NAMESPACE)
         settings = json.loads(raw) if raw else self.settings.model_dump()
         delay_s = float(settings.pop("debug_infer_delay_s", 0.0) or 0.0)  # test-only, see serve/stack.py
         spec = ServeSpec.model_validate(settings)

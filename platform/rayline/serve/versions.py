@@ -24,7 +24,8 @@ from typing import Optional
 from rayline.errors import ServeError
 from rayline.registry import Registry
 from rayline.serve.applications import (delete_apps, ensure_serve, live_versions, router_build_args, router_running,
-                                        serve_apps, start_early, start_router, start_version, version_app, wait_running)
+                                        serve_apps, settings_record, start_early, start_router, start_version, version_app,
+                                        wait_running)
 from rayline.serve.champions import HISTORY_TAG, champion_history, record_deployment, set_champion
 from rayline.serve.routing_table import rollout_state, settle, write_routing_table
 
@@ -52,16 +53,19 @@ def check_canary_percent(value) -> int:
 
 
 def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None, gate: Optional[dict] = None,
-           serve_spec=None, host: str = "127.0.0.1", port: int = 8000, created: Optional[list] = None) -> Rollout:
+           serve_spec=None, host: str = "127.0.0.1", port: int = 8000, created: Optional[list] = None,
+           overrides: Optional[dict] = None) -> Rollout:
     """Start version `version` of model `name` (if not running) and route traffic to it: all of it,
     as the new champion, or `canary_percent` of it as a canary beside the champion (checked
     against `gate` = {max_error_rate, max_p99_ms, min_requests} when given).
 
     `serve_spec` (a ServeSpec): the versions' settings and route; default: those of the running
-    router (else ServeSpec's defaults). `created` collects the Serve applications this call started,
+    router (else ServeSpec's defaults). `overrides` ({"serve.replicas.max": 4}, `--set`): set on
+    those (serve_settings.with_serve_overrides); a running version with other settings is updated. `created` collects the Serve applications this call started,
     for a caller that cleans up after an interruption; a deploy that fails before the new split is
     written deletes them itself (no router left answering 503 for a version that never came up)."""
     from rayline.serve.address import serve_address
+    from rayline.serve.settings import with_serve_overrides
     from rayline.spec import ServeSpec
 
     percent = check_canary_percent(canary_percent)
@@ -74,6 +78,8 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
     table = rollout_state(name, ws) if router_running(name, apps) else None
     if serve_spec is None:
         serve_spec = ServeSpec.model_validate((table or {}).get("serve") or {})
+    if overrides:
+        serve_spec = with_serve_overrides(serve_spec, overrides)
     route = serve_spec.route or (table or {}).get("route") or f"/{name}"
     settings = serve_spec.model_dump(exclude={"route", "canary"})
     champion = registry.alias_version(name, "champion")
@@ -89,7 +95,8 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
     started = len(created)
     try:
         early = start_early(name, route, build_args, apps, created)
-        start_version(name, version, route, settings, ws, mv.framework, created)
+        # --set on a version already running with other settings: updated in place, and what changed is said.
+        changes = start_version(name, version, route, settings, ws, mv.framework, created, update=bool(overrides))
         if percent:
             start_version(name, champion, route, settings, ws, mv.framework, created)  # a champion whose app was removed
     except Exception:
@@ -121,7 +128,10 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
     settle(table)
     url = address.url(route, host)
     record_deployment(registry, name, version, action="deploy", role="canary" if percent else "champion",
-                      percent=percent or 100, route=route, url=url, gate=gate if percent else None)
+                      percent=percent or 100, route=route, url=url, gate=gate if percent else None,
+                      settings=settings_record(settings), changed=changes)
+    if changes:
+        message += f"; its serve settings changed in place: {', '.join(changes)}"
     return Rollout(name, route, table["champion"], table["canary"], weights, f"{message} ({url})", created, url)
 
 
