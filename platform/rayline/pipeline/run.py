@@ -157,8 +157,9 @@ def run_pipeline(
     winner, data = trained.winner, trained.data
     phases.update(seconds)
     phases["trials"] = len(trained.trials)
+    device = trained_on(winner.starts)  # what the winner's workers found, said once for the record and the summary
     write_record(folder, {**record, "status": "registered", "version": registered.version, "phases": phases,
-                          "trained_on": trained_on(trained.winner.starts)})
+                          "trained_on": device})
     return RunSummary(
         name=spec.name, version=registered.version, task=data.task, metric=spec.resolved_metric(data.task),
         valid_metrics=winner.metrics, test_metrics=registered.test_metrics, trials=trained.trials, endpoint=endpoint,
@@ -166,7 +167,7 @@ def run_pipeline(
         resumed_run=experiment if previous else None, leaderboard=registered.leaderboard,
         data_variants=len(prepared), report=report, tensorboard=trained.tensorboard,
         throughput=mean_throughput(winner.history), phases=phases, record_folder=folder,
-        trained_on=trained_on(winner.starts),
+        trained_on=device,
     )
 
 
