@@ -85,10 +85,24 @@ def test_the_data_stage_runs_on_the_cpus_others_leave_and_fails_at_once_when_non
         def ready(self) -> bool:
             return True
 
+    def held_until_only(cpus_left: float):
+        """A holder leaving `cpus_left` free, once Ray's resource view (which lags the scheduler) says so.
+        Other modules' actors may still be going away: then the holder is sized again."""
+        for _ in range(20):
+            free = ray.available_resources()["CPU"]
+            holder = CpuHolder.options(num_cpus=free - cpus_left).remote()
+            ray.get(holder.ready.remote())
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                if abs(ray.available_resources().get("CPU", 0.0) - cpus_left) < 1e-6:
+                    return holder, free
+                time.sleep(0.05)
+            ray.kill(holder)  # sized from a view that changed (other actors came or went): size it again
+            time.sleep(0.2)
+        raise AssertionError(f"the cluster's free CPUs never settled at {cpus_left}")
+
     def prepared_while_held(cpus_left: float):
-        free = ray.available_resources()["CPU"]
-        holder = CpuHolder.options(num_cpus=free - cpus_left).remote()
-        ray.get(holder.ready.remote())
+        holder, free = held_until_only(cpus_left)
         events, outcome = [], {}
 
         def stage():
