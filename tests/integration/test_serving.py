@@ -418,9 +418,11 @@ def test_schemathesis_finds_no_server_errors(endpoint):
     counts = {"requests": 0}
     failures = []
 
-    # 650 generated requests: 1,300 took 88 s of the suite's 30-minute budget on the CI machine.
-    for method, path, mode, examples in [("POST", "/predict", "positive", 300), ("POST", "/predict", "negative", 300),
-                                         ("GET", "/health", "positive", 25), ("GET", "/metadata", "positive", 25)]:
+    # 330 generated requests. Profiled (py-spy, 2026-11-28): 87% of the test's time is Hypothesis and
+    # schemathesis drawing digits' 64-feature bodies (the negative schema rebuilt at each draw), not
+    # the server: 650 requests took 102-118 s of the suite's critical lane on the 2-core box.
+    for method, path, mode, examples in [("POST", "/predict", "positive", 150), ("POST", "/predict", "negative", 150),
+                                         ("GET", "/health", "positive", 15), ("GET", "/metadata", "positive", 15)]:
         operation = schema[path][method]
         strategy = operation.as_strategy(generation_mode=schemathesis.GenerationMode(mode))
 
@@ -434,7 +436,7 @@ def test_schemathesis_finds_no_server_errors(endpoint):
                 failures.append((response.status_code, case.body if case.body is not None else None, response.text[:300]))
 
         check()
-    assert counts["requests"] >= 500, counts
+    assert counts["requests"] >= 250, counts
     assert not failures, failures[:3]
 
 
