@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
 from rayline.inference.arch import build_from_arch, read_arch
 from rayline.inference.outputs import softmax
 
-__all__ = ["WEIGHTS_FILE", "ENV", "PREDICT_BATCH", "BUILDERS", "use_legacy_keras", "build_mlp", "build_model",
+__all__ = ["WEIGHTS_FILE", "ENV", "PREDICT_BATCH", "BUILDERS", "use_legacy_keras", "import_tensorflow", "build_mlp",
+           "build_model",
            "emits_probabilities",
            "load_npz", "outputs", "load"]
 
@@ -21,6 +23,23 @@ PREDICT_BATCH = 8192  # rows per model call when predicting (training evaluates 
 def use_legacy_keras() -> None:
     """tf.keras must mean tf-keras (Keras 2); set before tensorflow is imported."""
     os.environ.update(ENV)
+
+
+def import_tensorflow():
+    """TensorFlow (with tf.keras meaning tf-keras), imported and its devices listed with the absl lines
+    both print on fd 2 kept in rayline's log (logger "rayline.tensorflow"), not on the terminal:
+    rayline/native_stderr.py. Once per process; later calls return the module."""
+    use_legacy_keras()
+    if "tensorflow" in sys.modules and "tf_keras" in sys.modules:
+        return sys.modules["tensorflow"]
+    from rayline.native_stderr import native_stderr_to_log
+
+    with native_stderr_to_log("rayline.tensorflow", "tensorflow"):
+        import tensorflow as tf
+        import tf_keras  # noqa: F401 - imports TensorFlow's C++ side again, printing the same lines
+
+        tf.config.list_physical_devices()  # where "failed call to cuInit" is printed on a machine without a GPU
+    return tf
 
 
 def build_mlp(num_features: int, num_outputs: int, hidden_sizes=(128, 64), dropout: float = 0.0):
@@ -101,8 +120,7 @@ def outputs(raw: np.ndarray, classification: bool, probabilities: bool) -> np.nd
 
 
 def load(model_dir: str, meta: dict):
-    use_legacy_keras()
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     arch = read_arch(model_dir)
     model = build_model(arch)

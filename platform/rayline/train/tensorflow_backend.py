@@ -23,8 +23,8 @@ import os
 import numpy as np
 
 from rayline.inference.arch import ARCH_FILE
-from rayline.inference.tensorflow_model import (PREDICT_BATCH, WEIGHTS_FILE, build_model, emits_probabilities, load_npz,
-                                                 use_legacy_keras)
+from rayline.inference.tensorflow_model import (PREDICT_BATCH, WEIGHTS_FILE, build_model, emits_probabilities,
+                                                 import_tensorflow, load_npz, use_legacy_keras)
 from rayline.inference.tensorflow_model import outputs as model_outputs
 from rayline.train.backend import Backend
 from rayline.train.hardware import strategy_text, tf_worker_device
@@ -219,8 +219,7 @@ class TensorflowBackend(Backend):
         return TensorflowTrainer
 
     def versions(self) -> dict[str, str]:
-        use_legacy_keras()
-        import tensorflow as tf
+        tf = import_tensorflow()  # in the driver (registration): TensorFlow's fd-2 lines kept off its terminal
         import tf_keras
 
         return {"tensorflow": tf.__version__, "tf_keras": tf_keras.__version__}
