@@ -37,11 +37,16 @@ def test_an_error_in_the_block_propagates_and_what_it_wrote_is_still_logged(capf
 
 
 def test_tensorflow_imported_by_rayline_prints_nothing_on_stderr():
-    """The real library in a fresh process (TensorFlow is imported once per process): before, its import,
+    """The real library in a fresh process (TensorFlow is imported once per process), along the driver's
+    path in `rayline run`: the trainer class, the versions registered, a model run. Before, its import,
     tf_keras's and the first device listing printed eight absl lines on stderr (oneDNN, cuda drivers,
     cuInit, the CPU feature guard); now stderr is empty and rayline's log has them."""
     code = ("import logging, sys\n"
             "logging.basicConfig(stream=sys.stdout, level=logging.INFO, format='%(name)s|%(message)s')\n"
+            "from rayline.train.backend import load_backend\n"
+            "backend = load_backend('tensorflow')\n"
+            "backend.trainer_class()\n"  # the driver's first import: Ray's TensorflowTrainer imports TensorFlow
+            "print(sorted(backend.versions()))\n"  # registration
             "from rayline.inference.tensorflow_model import import_tensorflow\n"
             "tf = import_tensorflow()\n"
             "import tf_keras\n"
@@ -54,4 +59,4 @@ def test_tensorflow_imported_by_rayline_prints_nothing_on_stderr():
     assert proc.stderr == ""
     logged = [line for line in proc.stdout.splitlines() if line.startswith("rayline.tensorflow|tensorflow: ")]
     assert any("oneDNN custom operations" in line for line in logged), proc.stdout[-3000:]
-    assert "ran (1, 2)" in proc.stdout
+    assert "['tensorflow', 'tf_keras']" in proc.stdout and "ran (1, 2)" in proc.stdout

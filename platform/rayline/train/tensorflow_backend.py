@@ -214,6 +214,7 @@ class TensorflowBackend(Backend):
         reporter.close()
 
     def trainer_class(self):
+        import_tensorflow()  # ray.train.tensorflow imports it, in the driver: its fd-2 lines kept off the terminal
         from ray.train.tensorflow import TensorflowTrainer
 
         return TensorflowTrainer
