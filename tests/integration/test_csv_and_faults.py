@@ -67,7 +67,7 @@ def test_csv_pipeline_serves_string_labels(churn):
     assert set(body["probabilities"][0]) == {"no", "yes"} and sum(body["probabilities"][0].values()) == pytest.approx(1.0, abs=1e-5)
     # It learned, beyond what answering the majority class ("no", ~75% of the rows) everywhere scores:
     # that share in accuracy, a macro F1 of at most 0.43, and the prior's log loss (0.556). Measured
-    # on the ~45 test rows: accuracy 0.80-0.82, macro F1 0.67-0.72, log loss 0.32-0.40 with DDP at
+    # at 400 rows (~45 test rows, before CHURN_ROWS): accuracy 0.80-0.82, macro F1 0.67-0.72, log loss 0.32-0.40 with DDP at
     # batch 32 (logistic regression, 10-fold on all 400 rows: 0.92 / 0.89); FSDP at batch 8, resumed
     # after the kill at epoch 1 (this fixture's run): accuracy 0.80, macro F1 0.67, log loss 0.34.
     majority = (_churn_frame(CHURN_ROWS)["churn"] == "no").mean()

@@ -11,9 +11,7 @@ from rayline.inference.arch import build_from_arch, read_arch
 from rayline.inference.outputs import softmax
 
 __all__ = ["WEIGHTS_FILE", "ENV", "PREDICT_BATCH", "BUILDERS", "use_legacy_keras", "import_tensorflow", "build_mlp",
-           "build_model",
-           "emits_probabilities",
-           "load_npz", "outputs", "load"]
+           "build_model", "emits_probabilities", "load_npz", "outputs", "load"]
 
 WEIGHTS_FILE = "weights.npz"
 ENV = {"TF_USE_LEGACY_KERAS": "1"}  # tf.keras must mean tf-keras: set before tensorflow is imported
