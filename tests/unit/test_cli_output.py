@@ -184,7 +184,8 @@ def test_ray_datas_no_cpus_warning_stays_out_of_the_terminal():
 
 def test_the_raylets_worker_count_notices_stay_out_of_the_terminal(capsys):
     """Ray prints the raylet's error-channel messages whatever log_to_driver says; the "N PYTHON worker
-    processes have been started" notices (five in the quick start on 2 cores) go to rayline's log,
+    processes have been started" notices (five in the quick start on 2 cores) and Serve's controller
+    killed on Ctrl-C go to rayline's log,
     every other raylet message still reaches the terminal. Ray's own printer, called as Ray's
     listener thread calls it."""
     import ray._private.worker as ray_worker
@@ -197,7 +198,11 @@ def test_the_raylets_worker_count_notices_stay_out_of_the_terminal(capsys):
     notice = ("WARNING: 10 PYTHON worker processes have been started on node: abc with address: 10.0.0.1. This "
               "could be a result of using a large number of actors, or due to tasks blocked in ray.get() calls.")
     ray_worker.print_to_stdstream({"lines": [notice], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    # On Ctrl-C while serving: Serve's controller killed by the shutdown rayline asked for.
+    shutdown = ("Task ServeController.graceful_shutdown failed. There are infinite retries remaining, so the task "
+                "will be retried. Error: The actor is dead because it was killed by `ray.kill`.")
+    ray_worker.print_to_stdstream({"lines": [shutdown], "pid": "raylet", "is_err": False}, ignore_prefix=False)
     killed = "A worker died or was killed while executing a task by an unexpected system error (OOM)."
     ray_worker.print_to_stdstream({"lines": [killed], "pid": "raylet", "is_err": False}, ignore_prefix=False)
     out = capsys.readouterr().out
-    assert "PYTHON worker processes" not in out and killed in out, out
+    assert "PYTHON worker processes" not in out and "graceful_shutdown" not in out and killed in out, out

@@ -168,8 +168,10 @@ def quiet_driver_logs() -> None:
 # The raylet's notices that say nothing a rayline user can act on, printed on the driver's terminal as
 # "(raylet) WARNING: 10 PYTHON worker processes have been started on node ... This could be a result of
 # using a large number of actors, or due to tasks blocked in ray.get() calls": five of them in the
-# quick start on 2 cores, where a sweep's trials are that many actors by design (issue 38).
-_RAYLET_NOISE = ("PYTHON worker processes have been started",)
+# quick start on 2 cores, where a sweep's trials are that many actors by design (issue 38). And, on
+# Ctrl-C while serving, "Task ServeController.graceful_shutdown failed. There are infinite retries
+# remaining ... killed by `ray.kill`": Serve's controller is killed by the shutdown rayline asked for.
+_RAYLET_NOISE = ("PYTHON worker processes have been started", "Task ServeController.graceful_shutdown failed")
 
 
 def _keep_raylet_notices_in_the_log() -> None:
