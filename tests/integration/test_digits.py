@@ -73,8 +73,10 @@ def test_sweep_ran_trials_and_registered_the_winner(digits, ws):
 def test_a_single_machine_ray_trains_without_preemption_watchers_or_ray_s_placement_group_cleaners(digits):
     """This session's Ray has the environment rayline gives the Ray it starts on one machine
     (rayline.cluster.env.train_env): Train ran the sweep's trials with no PreemptionWatcher actor;
-    and rayline's runs start no PlacementGroupCleaner (rayline.orphans frees the groups itself):
-    two Python processes less per training run."""
+    and rayline's runs start no PlacementGroupCleaner (rayline.orphans frees the groups itself)
+    and, as digits' splits went to the workers as arrays, no DatasetManager
+    (rayline.train.splits.without_dataset_manager): three Python processes less per training run.
+    (This lane's first training is the digits sweep: no run with datasets came before it.)"""
     import ray
     from ray.util.state import list_actors
 
@@ -84,6 +86,7 @@ def test_a_single_machine_ray_trains_without_preemption_watchers_or_ray_s_placem
     assert len(actors("TrainController")) >= len(digits.trials)
     assert actors("PreemptionWatcher") == []
     assert actors("PlacementGroupCleaner") == []
+    assert actors("DatasetManager") == []
 
 
 def _winner(digits):

@@ -105,6 +105,7 @@ def train(
     import ray.train
 
     from rayline.orphans import without_train_cleaner
+    from rayline.train.splits import without_dataset_manager
 
     backend = load_backend(spec.model.framework)
     metric = spec.resolved_metric(data.task)
@@ -132,13 +133,13 @@ def train(
     if arrays:
         config[ARRAYS_KEY] = arrays
     datasets = {name: split for name, split in datasets_of(data).items() if name not in arrays}
-    trainer = without_train_cleaner(backend.make_trainer(
+    trainer = without_train_cleaner(without_dataset_manager(backend.make_trainer(
         loop_config=config,
         scaling_config=scaling,
         run_config=run_config,
         datasets=datasets,
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"] if "train" in datasets else []),
-    ))
+    )))
     try:
         _fit_interruptible(trainer, join(storage_path, run_name))
     except ray.train.ControllerError as exc:

@@ -11,6 +11,10 @@ by the driver (before the sweep: every trial shares them) and read by each worke
 on every worker (as Ray's equal split: DDP and MultiWorkerMirroredStrategy need as many steps
 everywhere); "valid" and "probe" are read whole, as their Ray Data datasets are.
 
+When every split is handed off, the trainer gets no datasets, and Ray Train's DatasetsCallback, which
+starts a DatasetManager actor for every run whatever its datasets (one more Python process per run,
+per trial in a sweep), is left out (`without_dataset_manager`).
+
 Not handed off: rows as read (images decoded per batch in the workers), a spec that asks to
 stream (`train.in_memory: never`), and anything larger: data beyond RAM keeps streaming.
 """
@@ -21,7 +25,8 @@ from typing import Iterator
 
 import numpy as np
 
-__all__ = ["HANDOFF_BYTES", "ARRAYS_KEY", "hand_off", "handed_off_bytes", "dataset_shard", "ArrayShard"]
+__all__ = ["HANDOFF_BYTES", "ARRAYS_KEY", "hand_off", "handed_off_bytes", "dataset_shard", "ArrayShard",
+           "without_dataset_manager"]
 
 # The most bytes of model-ready rows (float32 features, a label) the driver hands over as arrays.
 HANDOFF_BYTES = 64 * 2**20
@@ -57,6 +62,24 @@ def hand_off(data, in_memory: str, datasets: dict) -> dict | None:
         features, labels = shard_arrays(dataset, num_features, label if name in ("train", "valid") else np.float64)
         refs[name] = ray.put({"features": features, "label": labels})
     return refs
+
+
+def without_dataset_manager(trainer):
+    """`trainer` (a Ray Train V2 trainer given no datasets) without Ray's DatasetsCallback.
+
+    Ray Train 2.60 adds that callback to every run, and it starts a DatasetManager actor at the worker
+    group's start even for `datasets={}`: a Python process that imports Ray Data and serves nothing
+    when every split came as arrays (`dataset_shard` never asks Ray Train for one then). A Ray that
+    renames either leaves the trainer as it is; so does a trainer with datasets."""
+    try:
+        from ray.train.v2._internal.callbacks import DatasetsCallback
+    except ImportError:
+        return trainer
+    defaults = getattr(trainer, "_create_default_callbacks", None)
+    if defaults is None or getattr(trainer, "datasets", None):
+        return trainer
+    trainer._create_default_callbacks = lambda: [c for c in defaults() if not isinstance(c, DatasetsCallback)]
+    return trainer
 
 
 def dataset_shard(config: dict, name: str):
