@@ -332,15 +332,29 @@ def test_workers_that_cannot_be_placed_fail_within_the_deadline(ray_session, ws,
         ray.kill(holder)
 
 
-def test_xgboost_under_asha_trains_every_round_of_its_winner(ray_session, ws):
+def test_xgboost_under_asha_trains_every_round_of_its_winner(ray_session, ws, monkeypatch):
+    """Also: a Tune driver slow to take a trial's next result (a loaded machine) still gets the
+    trial's last one. With Ray's TuneReportCallback the last report, left in its queue while the
+    Train run ended, deadlocked the trial actor and the sweep hung (a CI run: 900 s); the Tune
+    driver is made slow here right before the winner's last report (rayline/tune/relay.py)."""
+    from rayline.orphans import ReleaseOrphansCallback
     from rayline.spec import parse_spec
 
+    slowed = []
+
+    def slow_before_the_last_report(self, iteration, trials, trial, result, **info):
+        if result.get("epoch") == 26 and not slowed:  # reports at rounds 2, 5, ..., 29
+            slowed.append(trial.trial_id)
+            time.sleep(4)  # the Train run reports round 29 and ends meanwhile
+
+    monkeypatch.setattr(ReleaseOrphansCallback, "on_trial_result", slow_before_the_last_report, raising=False)
     # 30 rounds reported every 3; train.epochs 4. Before: ASHA's max_t was 4 *reports*, so
     # every trial stopped at round 12. The stronger learning rate leads at every rung.
     raw = _spec("irisasha", params={**BOOSTER, "num_boost_round": 30, "checkpoint_every": 3}, epochs=4,
                 tune={"search": "grid", "scheduler": "asha", "max_concurrent": 2,
                       "space": {"model.params.eta": {"grid": [0.02, 0.3]}}})
     summary = run(parse_spec(raw), ws, deploy=False)
+    assert slowed, "no trial reached round 26: the slow driver was never exercised"
     winner = next(t for t in summary.trials if t.result is not None and t.overrides["model.params.eta"] == 0.3)
     assert summary.valid_metrics == winner.result.metrics
     assert [row["epoch"] for row in winner.result.history] == list(range(2, 30, 3))

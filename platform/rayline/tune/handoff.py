@@ -31,18 +31,15 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 
 from rayline.errors import TrainingError
 from rayline.storage import join, list_names
 from rayline.train.run import TrainResult, locate_best
-from rayline.tune.schedulers import TIME_ATTR
 
 __all__ = ["HANDOFF_FILE", "run_for", "train_with_handoff", "trial_runs", "locate_trial_best", "exploits_from_runs"]
 
 HANDOFF_FILE = "rayline_handoff.json"
 _FROM = re.compile(r"^-from-(?P<donor>.+)-u(?P<units>\d+)$")
-_DONE = "__rayline_train_done__"
 
 
 def run_for(trial_id: str, handoff: dict | None) -> tuple[str, str | None]:
@@ -69,62 +66,28 @@ def _restored_handoff() -> dict | None:
             return None
 
 
-def _relay_callback(queue, scale: float):
-    """A Train callback (it runs in the Train controller) passing each report to the trial function."""
-    from ray.train.v2.api.callback import UserCallback
-
-    class Relay(UserCallback):
-        def after_report(self, run_context, metrics, checkpoint):
-            row = dict(metrics[0]) if metrics else {}
-            if "epoch" in row:
-                units = int(row["epoch"]) + 1
-                row[TIME_ATTR] = units * scale if scale != 1 else units
-            # Blocks while the trial function is still reporting the previous one: training
-            # stays in step with Tune's decisions, as with Tune's own TuneReportCallback.
-            queue.put((row, checkpoint.path if checkpoint else None))
-
-    return Relay()
-
-
 def train_with_handoff(spec, data, *, storage_path: str, trial_id: str, plan, search_paths: list[str], scale: float = 1.0):
-    """A trial's training under a scheduler that hands off checkpoints (PBT): see the module doc."""
+    """A trial's training under a scheduler that hands off checkpoints (PBT): see the module doc.
+    Its reports reach Tune from this thread (rayline/tune/relay.py)."""
     from ray import tune
-    from ray.util.queue import Empty, Queue
 
     from rayline.train.run import train
+    from rayline.tune.relay import train_relaying_reports
 
     handoff = _restored_handoff()
     run_name, initial = run_for(trial_id, handoff)
-    queue = Queue(maxsize=1, actor_options={"num_cpus": 0})
-    failures: list[BaseException] = []
 
-    def fit():
-        try:
-            train(spec, data, storage_path=storage_path, run_name=run_name, plan=plan, search_paths=search_paths,
-                  callbacks=[_relay_callback(queue, scale)], initial_checkpoint=initial, keep_all_checkpoints=True)
-        except BaseException as exc:  # raised in the trial function below
-            failures.append(exc)
-        finally:
-            queue.put(_DONE)
+    def run_train(callbacks):
+        train(spec, data, storage_path=storage_path, run_name=run_name, plan=plan, search_paths=search_paths,
+              callbacks=callbacks, initial_checkpoint=initial, keep_all_checkpoints=True)
 
-    thread = threading.Thread(target=fit, name=f"rayline-train-{trial_id}", daemon=True)
-    thread.start()
-    while True:
-        try:
-            item = queue.get(timeout=1.0)
-        except Empty:
-            if not thread.is_alive() and queue.empty():
-                break
-            continue
-        if item == _DONE:
-            break
-        metrics, path = item
+    def report(metrics: dict, path: str | None) -> None:
         if path is None or int(metrics.get("epoch", -1)) + 1 >= spec.train.epochs:
             # The last epoch's report carries no handoff: PBT would restart a finished trial
             # from it (a new Train run that trains nothing) or copy it into a trial that has
             # no epochs left either.
             tune.report(metrics)
-            continue
+            return
         tmp = tempfile.mkdtemp(prefix="rayline-handoff-")
         try:
             with open(os.path.join(tmp, HANDOFF_FILE), "w") as fh:
@@ -135,9 +98,8 @@ def train_with_handoff(spec, data, *, storage_path: str, trial_id: str, plan, se
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    thread.join()
-    if failures:
-        raise failures[0]
+
+    train_relaying_reports(run_train, scale=scale, report=report, name=trial_id)
 
 
 def trial_runs(runs_dir: str, trial_id: str) -> list[tuple[str, int]]:

@@ -1,7 +1,7 @@
 """The tune stage: Ray Tune over dotted spec paths, each trial a full Ray Train run.
 
 With Train V2, Tune runs a driver function per trial that builds and fits the trainer
-(`TuneReportCallback` forwards each epoch's metrics for ASHA). Tune never receives the
+(a relay, rayline/tune/relay.py, forwards each epoch's metrics for ASHA). Tune never receives the
 Train checkpoint, so the winner's checkpoint is located from the trial's own Train run
 directory (`train.run.locate_best`), which also works for trials ASHA stopped early.
 """
@@ -20,7 +20,7 @@ from rayline.resources import ResourcePlan
 from rayline.spec.pipeline_spec import PipelineSpec, metric_mode
 from rayline.storage import join
 from rayline.train.run import TrainResult, train
-from rayline.tune.clock import TIME_ATTR, clock_scale, total_units
+from rayline.tune.clock import clock_scale, total_units
 
 __all__ = [
     "STOP_REASONS",
@@ -116,7 +116,6 @@ def _plain(value):
 def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: ResourcePlan, search_paths: list[str]):
     """One trial: the spec with this trial's overrides, trained by Ray Train."""
     from ray import tune
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     from rayline.spec.loading import parse_spec
     from rayline.spec.pipeline_space import PipelineSpace
@@ -130,15 +129,6 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
     data = data[space.variant_index(config)] if isinstance(data, list) else data
     scale = clock_scale(sweep, spec)
 
-    class _UnitsReportCallback(TuneReportCallback):
-        """Tune's report callback, with ASHA's clock (`TIME_ATTR`) added to each report."""
-
-        def after_report(self, run_context, metrics, checkpoint):
-            if metrics and "epoch" in metrics[0]:
-                units = int(metrics[0]["epoch"]) + 1
-                metrics = [{**metrics[0], TIME_ATTR: units * scale if scale != 1 else units}, *metrics[1:]]
-            super().after_report(run_context, metrics, checkpoint)
-
     trial_id = tune.get_context().get_trial_id()
     if sweep.tune.scheduler.scheduler.hands_off_checkpoints:
         # PBT: the trial reports Tune checkpoints that restart it from another trial's Train
@@ -148,17 +138,21 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
         train_with_handoff(spec, data, storage_path=storage_path, trial_id=trial_id, plan=plan,
                            search_paths=search_paths, scale=scale)
         return
+    from rayline.tune.relay import CHECKPOINT_PATH_KEY, train_relaying_reports
+
     # The Train run's name is the trial's id: a trial resumed after an interruption
     # (`Tuner.restore`) runs under the same id, so Train restores its latest checkpoint.
-    train(
-        spec,
-        data,
-        storage_path=storage_path,
-        run_name=f"trial-{trial_id}",
-        plan=plan,
-        search_paths=search_paths,
-        callbacks=[_UnitsReportCallback()],
-    )
+    def run_train(callbacks):
+        train(spec, data, storage_path=storage_path, run_name=f"trial-{trial_id}", plan=plan,
+              search_paths=search_paths, callbacks=callbacks)
+
+    def report(metrics: dict, path: str | None) -> None:
+        # Metrics only, as Tune's own TuneReportCallback reports them (with the checkpoint's path):
+        # the winner's checkpoint is found in the trial's Train run directory.
+        tune.report({**metrics, CHECKPOINT_PATH_KEY: path} if path else metrics)
+
+    # Not Tune's TuneReportCallback: its last report can deadlock the trial (rayline/tune/relay.py).
+    train_relaying_reports(run_train, scale=scale, report=report, name=trial_id)
 
 
 def tune_pipeline(
