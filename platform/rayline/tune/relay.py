@@ -8,7 +8,7 @@ report fills the session's one-slot result queue; the main thread then blocks fo
 last report behind it, and the sweep waits forever for a trial that never reports again
 (`ray/train/_internal/session.py`, `_get_result_from_queues`). Seen in CI: an xgboost ASHA sweep
 of 2 trials hung until the test's 900-s timeout; reproduced at will with a Tune callback that
-sleeps 4 s on each result (tests/integration/test_tune_strategies.py).
+sleeps 4 s before a trial's last result (tests/integration/test_interrupts.py, the ASHA test).
 
 Here the Train run runs on a helper thread and a relay callback in the Train controller passes each
 report through a queue of ours to the trial function's thread, which alone reports to Tune, in
