@@ -3,7 +3,7 @@
     python benchmarks/register_metrics.py             # ~1.5 min on 2 cores
     python benchmarks/register_metrics.py --repeats 5 --rows 20000
 
-rayline/offline_metrics.py predicts a registered version's test split with the serving Predictor
+rayline/evaluation/offline.py predicts a registered version's test split with the serving Predictor
 and merges per-block MetricPartials, either in Ray Data tasks where the blocks are (one task per
 block; a worker loads the framework and the model once) or, for a small materialized split, in the
 driver block by block. This trains the digits pipeline once (1 trial, 1 epoch, not served) on an
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
 
     from rayline.cluster import connect
     from rayline.data import prepare_data
-    from rayline.offline_metrics import evaluate_rows
+    from rayline.evaluation.offline import evaluate_rows
     from rayline.pipeline.run import run_pipeline
     from rayline.registry import Registry
     from rayline.spec import apply_overrides, load_spec

@@ -154,8 +154,8 @@ def _ingress(ws: Path) -> str:
 
 def _copy_artifact(model_dir: str, dest: Path) -> None:
     """The files the hand-written server reads, copied out of the registered artifact (either layout:
-    a pyfunc model keeps them under artifacts/, see rayline.model.artifact_root)."""
-    from rayline.model import artifact_root
+    a pyfunc model keeps them under artifacts/, see rayline.inference.predictor.artifact_root)."""
+    from rayline.inference.predictor import artifact_root
 
     model_dir = artifact_root(model_dir)
     (dest / "weights").mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,11 @@ heavy dependencies load only when a function that needs them runs.
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+
 from rayline.errors import (
     ClusterError,
     DataError,
@@ -64,11 +69,11 @@ def run(spec: PipelineSpec | str, *, workspace: str | None = None, address: str 
 
 
 def load_model(name: str, version: str | None = None, *, workspace: str | None = None, tracking_uri: str | None = None):
-    """The registered model `name` (default: newest version) as an offline `model.Predictor`.
+    """The registered model `name` (default: newest version) as an offline `rayline.inference.predictor.Predictor`.
 
     The version's files are downloaded once into the workspace's cache (`<workspace>/cache/models`;
     see `Registry.cache_root`) and reused by later loads and by Serve replicas on this machine."""
-    from rayline.model import Predictor
+    from rayline.inference.predictor import Predictor
     from rayline.registry import Registry
     from rayline.workspace import workspace as make_workspace
 
@@ -84,3 +89,45 @@ def __getattr__(name: str):
 
         return Client
     raise AttributeError(f"module 'rayline' has no attribute {name!r}")
+
+
+# Modules that moved from the package's top level into the stage they serve, by their old names. A
+# version registered before the move carries a copy of the old pyfunc_model.py (`from rayline.model
+# import ...`, `from rayline.pyfunc import ...`), and Tune's saved sweep state pickles its callbacks by
+# module name: `import rayline.model` gives the module at its new home, the same module object,
+# imported only when the old name is.
+_MOVED = {
+    "rayline.artifact": "rayline.pipeline.artifact",
+    "rayline.cluster_probe": "rayline.cluster.probe",
+    "rayline.event_files": "rayline.train.event_files",
+    "rayline.lineage": "rayline.registry.lineage",
+    "rayline.model": "rayline.inference.predictor",
+    "rayline.native_stderr": "rayline.inference.native_stderr",
+    "rayline.offline_metrics": "rayline.evaluation.offline",
+    "rayline.orphans": "rayline.cluster.orphans",
+    "rayline.pyfunc": "rayline.registry.pyfunc",
+    "rayline.pyfunc_model": "rayline.registry.pyfunc_model",
+    "rayline.resources": "rayline.train.resources",
+    "rayline.resume": "rayline.tune.resume",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds a `_MOVED` old name and loads it as the module at its new name."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        return importlib.machinery.ModuleSpec(fullname, self) if fullname in _MOVED else None
+
+    def create_module(self, spec):
+        module = importlib.import_module(_MOVED[spec.name])
+        spec.loader_state = module.__spec__  # the import system now sets module.__spec__ to `spec`
+        return module
+
+    def exec_module(self, module):
+        spec = module.__spec__
+        if spec.loader is self:  # put back the module's own spec: its name, origin, loader
+            module.__spec__ = spec.loader_state
+
+
+if not any(type(f).__name__ == _MovedModules.__name__ and type(f).__module__ == __name__ for f in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModules())

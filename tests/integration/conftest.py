@@ -169,14 +169,14 @@ def _wait_for_free_cpus(kept_apps: set = frozenset(), timeout_s: float = 60.0) -
 
     A deleted app's replicas give their CPUs back some seconds after `serve.delete`. Anything
     still held a minute later is a leak of the module just run, and it fails there: a killed
-    Train controller's placement group (rayline/orphans.py) once held 0.99 of the 2 CPUs
+    Train controller's placement group (rayline/cluster/orphans.py) once held 0.99 of the 2 CPUs
     unnoticed, and the rest of that CI session hung and crawled.
     """
     import time
 
     import ray
 
-    from rayline.orphans import orphaned_placement_groups
+    from rayline.cluster.orphans import orphaned_placement_groups
 
     deadline = time.monotonic() + timeout_s
     total = ray.cluster_resources().get("CPU", 0)

@@ -197,7 +197,7 @@ def test_errors_are_one_line_with_no_output(digits, ws, frame, data_file, tmp_pa
 def test_without_version_scores_with_the_champion_not_the_newest(digits, ws, frame, tmp_path):
     """What production serves is what offline scoring uses: the `champion` alias, else the newest."""
     from rayline.batch import score
-    from rayline.model import artifact_root
+    from rayline.inference.predictor import artifact_root
     from rayline.registry import Registry
     from rayline.spec import load_spec
 

@@ -32,7 +32,7 @@ def test_split(digits, ws):
     spec = load_spec(ROOT / "pipelines" / "digits-torch.yaml")
     data = prepare_data(spec)  # deterministic split: the same rows as in training
     # The data stage leaves no split in this process: the test metrics are computed where the
-    # rows are (rayline/offline_metrics.py); only the bounded probe rows are here.
+    # rows are (rayline/evaluation/offline.py); only the bounded probe rows are here.
     from rayline.data.pipeline import PROBE_ROWS
 
     import ray.data
@@ -73,7 +73,7 @@ def test_sweep_ran_trials_and_registered_the_winner(digits, ws):
 def test_a_single_machine_ray_trains_without_preemption_watchers_or_ray_s_placement_group_cleaners(digits):
     """This session's Ray has the environment rayline gives the Ray it starts on one machine
     (rayline.cluster.env.train_env): Train ran the sweep's trials with no PreemptionWatcher actor;
-    and rayline's runs start no PlacementGroupCleaner (rayline.orphans frees the groups itself)
+    and rayline's runs start no PlacementGroupCleaner (rayline.cluster.orphans frees the groups itself)
     and, as digits' splits went to the workers as arrays, no DatasetManager
     (rayline.train.splits.without_dataset_manager): three Python processes less per training run.
     (This lane's first training is the digits sweep: no run with datasets came before it.)"""
@@ -100,7 +100,7 @@ def test_http_predictions_equal_the_predictions_made_while_training(digits, ws, 
     training loop's live model (torch, in the Train worker) gave on the probe rows of the test split
     at the winning checkpoint, against what the route `rayline run` deployed answers for the same
     raw rows over HTTP: the same classes exactly, the same probabilities to float tolerance."""
-    from rayline.model import artifact_root
+    from rayline.inference.predictor import artifact_root
     from rayline.registry import Registry
     from rayline.data.pipeline import PROBE_ROWS
     from rayline.train.probe import read_probe
@@ -137,7 +137,7 @@ def test_http_predictions_give_exactly_the_recorded_test_metrics(digits, ws, tes
     """HTTP predictions on the whole test split score exactly the test metrics registered with the
     version, as sklearn computes them. Those figures are computed at registration by the serving
     Predictor in Ray tasks, per block of the test split, merged in the driver (rayline/pipeline/register.py,
-    rayline/offline_metrics.py), so this pins the route to the offline Predictor on every test
+    rayline/evaluation/offline.py), so this pins the route to the offline Predictor on every test
     row and the merged metrics to sklearn's; the check against training itself is the probe test."""
     from sklearn import metrics as skm
 
@@ -171,7 +171,7 @@ def test_the_two_torch_workers_valid_metrics_are_the_whole_splits(digits, test_s
     """Each DDP worker predicted its own share of the valid split; their metric partials, gathered
     over torch.distributed (rayline/train/loop.py), give the registered model's metrics on the
     whole split computed here in one process."""
-    from rayline.evaluation import compute_metrics
+    from rayline.evaluation.metrics import compute_metrics
 
     _, model, _, data = test_split
     valid = data.valid.to_pandas()
@@ -222,9 +222,8 @@ def test_test_metrics_per_block_in_tasks_or_here_equal_one_process_and_bad_rows_
     import ray.data
 
     from rayline.errors import DataError
-    from rayline.offline_metrics import evaluate_rows
-
-    from rayline import offline_metrics
+    from rayline.evaluation import offline
+    from rayline.evaluation.offline import evaluate_rows
 
     frame, model, _, _ = test_split
     blocks = ray.data.from_pandas([frame.iloc[:60], frame.iloc[60:61], frame.iloc[61:]])  # uneven blocks
@@ -239,8 +238,8 @@ def test_test_metrics_per_block_in_tasks_or_here_equal_one_process_and_bad_rows_
             assert got[name] == pytest.approx(value, rel=1e-9), (in_process, name)
         with pytest.raises(DataError, match="pixel_0_1"):
             evaluate_rows(model.model_dir, ray.data.from_pandas(bad), in_process=in_process)
-    assert offline_metrics._small(blocks)  # materialized and small: here
-    assert not offline_metrics._small(blocks.map_batches(lambda b: b))  # still to be computed: in tasks
+    assert offline._small(blocks)  # materialized and small: here
+    assert not offline._small(blocks.map_batches(lambda b: b))  # still to be computed: in tasks
 
 
 def test_offline_and_online_predictions_are_identical(digits, test_split):

@@ -47,7 +47,7 @@ def _assert_valid_metrics_are_the_whole_splits(summary, data, model, rel=1e-5):
     their metric partials are gathered over the framework's collective: rayline/train/loop.py)
     equal the registered model's metrics on the whole split, computed here in one process."""
     from rayline.train.loop import read_state
-    from rayline.evaluation import compute_metrics
+    from rayline.evaluation.metrics import compute_metrics
 
     (trained,) = [t.result for t in summary.trials]
     assert read_state(trained.checkpoint_dir)["epoch"] == trained.metrics["epoch"]  # the registered checkpoint's epoch

@@ -301,7 +301,7 @@ def test_workers_that_cannot_be_placed_fail_within_the_deadline(ray_session, ws,
     import ray
 
     from rayline.errors import TrainingError
-    from rayline.resources import ResourcePlan
+    from rayline.train.resources import ResourcePlan
     from rayline.spec import parse_spec
     from rayline.train.run import START_RETRIES, train
 
@@ -337,7 +337,7 @@ def test_xgboost_under_asha_trains_every_round_of_its_winner(ray_session, ws, mo
     trial's last one. With Ray's TuneReportCallback the last report, left in its queue while the
     Train run ended, deadlocked the trial actor and the sweep hung (a CI run: 900 s); the Tune
     driver is made slow here right before the winner's last report (rayline/tune/relay.py)."""
-    from rayline.orphans import ReleaseOrphansCallback
+    from rayline.cluster.orphans import ReleaseOrphansCallback
     from rayline.spec import parse_spec
 
     slowed = []

@@ -1,4 +1,4 @@
-"""A killed Train controller's placement group is freed (rayline/orphans.py).
+"""A killed Train controller's placement group is freed (rayline/cluster/orphans.py).
 
 Ray keeps a placement group made by a non-detached actor until that actor and its job are
 both dead. A Ray Train controller killed with its Tune trial (an ASHA stop as a sweep ended)
@@ -30,7 +30,7 @@ def test_a_killed_controllers_placement_group_is_freed_and_the_next_run_gets_its
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from rayline.orphans import orphaned_placement_groups
+    from rayline.cluster.orphans import orphaned_placement_groups
     from rayline.spec import parse_spec
 
     @ray.remote(num_cpus=0)
@@ -40,7 +40,7 @@ def test_a_killed_controllers_placement_group_is_freed_and_the_next_run_gets_its
             ray.get(self.pg.ready(), timeout=60)
             return self.pg
 
-    # A run that just ended keeps releasing orphans for a few seconds (rayline.orphans.sweep_in_background):
+    # A run that just ended keeps releasing orphans for a few seconds (rayline.cluster.orphans.sweep_in_background):
     # it would free this test's leak before the test could see Ray keep it.
     for thread in threading.enumerate():
         if thread.name == "rayline-orphan-sweep":
@@ -72,7 +72,7 @@ def test_a_killed_controllers_placement_group_is_freed_and_the_next_run_gets_its
             if _state(pg) != "REMOVED":
                 remove_placement_group(pg)
         ray.kill(alive)
-        from rayline.orphans import release_orphaned_placement_groups
+        from rayline.cluster.orphans import release_orphaned_placement_groups
 
         deadline = time.monotonic() + 30
         while _state(alive_pg) != "REMOVED" and time.monotonic() < deadline:  # its actor is dead now: an orphan

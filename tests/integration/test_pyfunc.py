@@ -288,7 +288,7 @@ def test_mlflow_models_serve_answers_csv_and_json_like_the_endpoint(gappy, mlflo
 def old_layout(digits, ws):
     """The digits model registered the way rayline did before pyfunc models: its files (weights/,
     preprocessing.json, rayline.json, spec.yaml) at the root of `model/`, no MLmodel."""
-    from rayline.model import artifact_root
+    from rayline.inference.predictor import artifact_root
     from rayline.registry import Registry
 
     registry = Registry(ws)

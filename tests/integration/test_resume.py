@@ -193,7 +193,7 @@ def test_a_sweep_killed_then_interrupted_resumes_keeping_finished_trials(tmp_pat
     record = json.loads(record_file.read_text())
     assert record["status"] == "running" and record["driver"]["pid"] == proc.pid
 
-    # The short trial's end was saved before the next trial started (rayline.resume.SaveOnTrialEnd):
+    # The short trial's end was saved before the next trial started (rayline.tune.resume.SaveOnTrialEnd):
     # Tune's own period (10 s or more) would still show it RUNNING, and resume would run it again.
     saved = _saved_trials(ws)
     by_dir = {d.name.removeprefix("trial-"): d for d in trial_dirs()}
@@ -310,7 +310,7 @@ def test_which_runs_resume_can_take(tmp_path):
     (a pid there cannot be checked), is never resumed; a gone one (dead pid, or the pid reused by a
     later process) is, by `--resume` and by run id; unknown and finished ids are one line, exit 1."""
     from rayline.errors import RaylineError
-    from rayline.resume import driver_info, driver_state
+    from rayline.tune.resume import driver_info, driver_state
     from rayline.pipeline.record import interrupted_run, find_run
     from rayline.spec import parse_spec
     from rayline.workspace import workspace

@@ -53,7 +53,7 @@ def rows(features):
 
 @pytest.fixture(scope="module")
 def predictor(digits, ws):
-    from rayline.model import Predictor
+    from rayline.inference.predictor import Predictor
     from rayline.registry import Registry
 
     registry = Registry(ws)

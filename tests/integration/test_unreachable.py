@@ -19,7 +19,7 @@ import pytest
 
 from .conftest import ROOT
 
-# The issue: within about 10 s. The probe's deadline is 6 s (rayline.cluster_probe) and the CLI starts
+# The issue: within about 10 s. The probe's deadline is 6 s (rayline.cluster.probe) and the CLI starts
 # in 1-3 s. Measured two at a time on the idle 2-core machine: closed port 0.3-3.9 s (run the longest),
 # silent port 6.3-8.6 s (run 8.6 s); the bound leaves room for the other lane's load in CI.
 # Ray alone: still waiting after 90 s.

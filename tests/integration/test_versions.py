@@ -51,7 +51,7 @@ def _register_losing_trial(digits, ws):
     import shutil
     import tempfile
 
-    from rayline.model import WEIGHTS_DIR, artifact_root
+    from rayline.inference.predictor import WEIGHTS_DIR, artifact_root
     from rayline.registry import Registry
     from rayline.train.loop import MODEL_DIR
     from rayline.train.probe import PROBE_FILE

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from rayline.errors import ResourceError, SpecError
-from rayline.resources import plan_resources
+from rayline.train.resources import plan_resources
 from rayline.spec import parse_spec
 from rayline.spec.pipeline_spec import TrainSpec, ray_accelerator_types
 from tests.cli import rayline as rayline_in_process

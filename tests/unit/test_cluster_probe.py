@@ -1,4 +1,4 @@
-"""rayline.cluster_probe without a Ray: bad addresses and settings are one clear line, and the
+"""rayline.cluster.probe without a Ray: bad addresses and settings are one clear line, and the
 deadline holds on real loopback sockets (a closed port, and one that accepts and never answers)."""
 
 import socket
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rayline.cluster_probe import PROBE_TIMEOUT_ENV, probe_gcs, probe_jobs_api, seconds_from_env, split_address
+from rayline.cluster.probe import PROBE_TIMEOUT_ENV, probe_gcs, probe_jobs_api, seconds_from_env, split_address
 from rayline.errors import ClusterError
 
 
@@ -128,7 +128,7 @@ def servers(request):
 
 @pytest.mark.parametrize("kind", ["gcs", "ray client"])
 def test_the_token_is_asked_for_only_where_the_cluster_requires_it(servers, kind):
-    from rayline.cluster_probe import probe_ray_client
+    from rayline.cluster.probe import probe_ray_client
 
     asked = []
 
@@ -150,7 +150,7 @@ def test_the_token_is_asked_for_only_where_the_cluster_requires_it(servers, kind
 @pytest.mark.parametrize("sent, message", [(None, "requires token authentication and no token is set"),
                                            ("rl-wrong", "rejected the auth token")])
 def test_a_token_cluster_without_the_right_token_is_one_line(sent, message):
-    from rayline.cluster_probe import probe_ray_client
+    from rayline.cluster.probe import probe_ray_client
 
     running = _RayServers("rl-cluster-token")
     try:

@@ -1,4 +1,4 @@
-"""TensorBoard event files from trials' histories (rayline/event_files.py), read back with
+"""TensorBoard event files from trials' histories (rayline/train/event_files.py), read back with
 TensorBoard's own reader."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rayline.event_files import mean_throughput, tensorboard_command, write_event_files
+from rayline.train.event_files import mean_throughput, tensorboard_command, write_event_files
 
 
 def _trial(trial_id, rows):

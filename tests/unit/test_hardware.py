@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from rayline.pipeline.training import technique_text
-from rayline.resources import plan_resources
+from rayline.train.resources import plan_resources
 from rayline.spec import parse_spec
 from rayline.train.hardware import (cluster_accelerators, plan_text, spec_strategy_text, strategy_text, trained_on,
                                     worker_device)

@@ -2,9 +2,9 @@
 functions: an import inside a function hides a loop, it does not remove it):
 
 - no import cycle among rayline's modules;
-- serving (`rayline.serve`), the offline predictor (`rayline.model`) and the inference modules
-  (`rayline.inference`) reach nothing of `rayline.train`, directly or through any other module:
-  serving a model needs no training code;
+- serving (`rayline.serve`) and the inference modules (`rayline.inference`, the offline predictor
+  `rayline.inference.predictor` among them) reach nothing of `rayline.train`, directly or through any
+  other module: serving a model needs no training code;
 - no module imports another module's private (`_name`) names;
 - and, run for real in a fresh interpreter, importing the serving side loads no `rayline.train` module.
 """
@@ -90,8 +90,8 @@ def _cycle() -> list[str] | None:
 
 
 def test_the_walk_sees_imports_inside_functions_and_relative_ones():
-    # model.py imports rayline.inference inside Predictor.__init__; the package re-exports the spec.
-    assert "rayline.inference" in {t for t, _, _ in GRAPH["rayline.model"]}
+    # inference/predictor.py imports rayline.inference inside Predictor.__init__; the package re-exports the spec.
+    assert "rayline.inference" in {t for t, _, _ in GRAPH["rayline.inference.predictor"]}
     assert "rayline.spec" in {t for t, _, _ in GRAPH["rayline"]}
     assert len(MODULES) > 90 and sum(map(len, GRAPH.values())) > 300
 
@@ -114,8 +114,9 @@ def _reach(start: str) -> dict[str, str]:
 
 
 def test_serving_reaches_no_training_code():
-    starts = [m for m in MODULES if m.startswith(("rayline.serve", "rayline.inference"))] + ["rayline.model"]
+    starts = [m for m in MODULES if m.startswith(("rayline.serve", "rayline.inference"))]
     assert "rayline.serve.app" in starts and "rayline.inference.torch_model" in starts
+    assert "rayline.inference.predictor" in starts  # the offline Predictor, what every replica runs
     for start in starts:
         reached = _reach(start)
         training = sorted(m for m in reached if m.startswith("rayline.train"))
@@ -135,7 +136,8 @@ def test_no_module_imports_another_modules_private_names():
 
 def test_importing_the_serving_side_loads_no_training_module():
     code = ("import sys; import rayline.serve.app, rayline.serve.router, rayline.serve.oip, rayline.serve.versions, "
-            "rayline.model, rayline.inference, rayline.inference.torch_model, rayline.inference.xgboost_model, "
+            "rayline.inference.predictor, rayline.inference, rayline.inference.torch_model, "
+            "rayline.inference.xgboost_model, "
             "rayline.inference.tensorflow_model; "
             "print(sorted(m for m in sys.modules if m.startswith('rayline.train')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rayline.cli import app
-from rayline.lineage import Lineage, deployment_text, lineage, lineage_lines
+from rayline.registry.lineage import Lineage, deployment_text, lineage, lineage_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Metrics merged from shards equal sklearn's on all the rows (rayline/evaluation.py)."""
+"""Metrics merged from shards equal sklearn's on all the rows (rayline/evaluation/metrics.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from rayline.evaluation import AUC_BINS, EXACT_AUC_ROWS, MetricPartials, compute_metrics
+from rayline.evaluation.metrics import AUC_BINS, EXACT_AUC_ROWS, MetricPartials, compute_metrics
 
 
 def _classification(rows: int, classes: int, seed: int = 0):

@@ -269,7 +269,7 @@ def test_the_monitor_counts_requests_off_the_request_path_and_judges_the_window(
 def test_regression_answers_drift_against_the_test_splits_predicted_values():
     """A regression version's reference is a decile histogram of its test predictions (registration's
     metric partials, merged across blocks as KLL sketches); live answers count into those bins."""
-    from rayline.evaluation import MetricPartials
+    from rayline.evaluation.metrics import MetricPartials
     from rayline.monitoring.drift import prediction_bins
     from rayline.monitoring.live import LiveMonitor
     from rayline.monitoring.statistics import value_histogram

@@ -1,4 +1,4 @@
-"""Native libraries' fd-2 lines go to rayline's log, not the terminal (rayline/native_stderr.py)."""
+"""Native libraries' fd-2 lines go to rayline's log, not the terminal (rayline/inference/native_stderr.py)."""
 
 import logging
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rayline.native_stderr import native_stderr_to_log
+from rayline.inference.native_stderr import native_stderr_to_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

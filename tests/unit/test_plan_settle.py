@@ -7,7 +7,7 @@ Ray's view of free resources lags a node's finished tasks (seen on the multi-nod
 import pytest
 
 from rayline.errors import ResourceError
-from rayline.resources import plan_resources
+from rayline.train.resources import plan_resources
 from rayline.pipeline.plan import plan_when_settled
 from rayline.spec.pipeline_spec import TrainSpec
 

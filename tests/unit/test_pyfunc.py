@@ -33,7 +33,7 @@ def _fitted(label=LabelInfo("churn", "classification", ["no", "yes"])):
 
 
 def test_signature_types_and_optional_imputed_features():
-    from rayline.pyfunc import model_signature
+    from rayline.registry.pyfunc import model_signature
 
     sig = model_signature(_fitted())
     assert [(c["name"], c["type"], c["required"]) for c in sig.inputs.to_dict()] == [
@@ -54,7 +54,7 @@ def test_signature_types_and_optional_imputed_features():
     (LabelInfo("y", "regression"), ("double", ["prediction"])),
 ])
 def test_output_columns_follow_the_labels_as_the_endpoint_spells_them(label, expected):
-    from rayline.pyfunc import model_signature, output_columns
+    from rayline.registry.pyfunc import model_signature, output_columns
 
     fitted = _fitted(label)
     sig = model_signature(fitted)
@@ -65,7 +65,7 @@ def test_output_columns_follow_the_labels_as_the_endpoint_spells_them(label, exp
 def test_input_examples_pass_the_signature():
     from mlflow.models.utils import _enforce_schema
 
-    from rayline.pyfunc import example_frame, model_signature
+    from rayline.registry.pyfunc import example_frame, model_signature
 
     fitted = _fitted()
     schema = model_signature(fitted).inputs
@@ -93,7 +93,7 @@ def test_the_training_csv_and_json_records_pass_the_signature(tmp_path):
     from mlflow.exceptions import MlflowException
     from mlflow.models.utils import _enforce_schema
 
-    from rayline.pyfunc import model_signature
+    from rayline.registry.pyfunc import model_signature
 
     schema = model_signature(_fitted()).inputs
     path = tmp_path / "train.csv"
@@ -120,14 +120,14 @@ def test_the_training_csv_and_json_records_pass_the_signature(tmp_path):
 def test_requirements_pin_rayline_mlflow_and_the_framework():
     import mlflow
 
-    from rayline.pyfunc import _requirements
+    from rayline.registry.pyfunc import _requirements
 
     assert _requirements({"versions": {"rayline": "0.1.0", "tensorflow": "2.21.0", "tf_keras": "2.21.0"}}) == [
         "rayline==0.1.0", f"mlflow=={mlflow.__version__}", "tensorflow==2.21.0", "tf-keras==2.21.0"]
 
 
 def test_artifact_root_finds_rayline_files_in_both_layouts(tmp_path):
-    from rayline.model import artifact_root
+    from rayline.inference.predictor import artifact_root
 
     old = tmp_path / "old"
     old.mkdir()
@@ -143,7 +143,7 @@ def test_artifact_root_finds_rayline_files_in_both_layouts(tmp_path):
 
 
 def test_a_directory_that_is_not_a_rayline_model_is_one_clear_error(tmp_path):
-    from rayline.model import artifact_root
+    from rayline.inference.predictor import artifact_root
 
     with pytest.raises(DataError) as info:
         artifact_root(str(tmp_path))
@@ -155,7 +155,7 @@ def test_a_directory_that_is_not_a_rayline_model_is_one_clear_error(tmp_path):
 
 
 def test_input_frame_fills_left_out_imputed_columns_and_refuses_other_nulls():
-    from rayline.pyfunc import _input_frame
+    from rayline.registry.pyfunc import _input_frame
 
     fitted = _fitted()
     rest = {"months": [3], "trial": [True]}
@@ -174,16 +174,16 @@ def test_input_frame_fills_left_out_imputed_columns_and_refuses_other_nulls():
 
 def test_pyfunc_columns_are_the_clients():
     import rayline.client
-    import rayline.pyfunc
+    import rayline.registry.pyfunc
 
-    assert rayline.pyfunc.PREDICTION_COLUMN == rayline.client.PREDICTION_COLUMN == "prediction"
-    assert rayline.pyfunc.probability_column(7) == rayline.client.probability_column(7) == "probability_7"
+    assert rayline.registry.pyfunc.PREDICTION_COLUMN == rayline.client.PREDICTION_COLUMN == "prediction"
+    assert rayline.registry.pyfunc.probability_column(7) == rayline.client.probability_column(7) == "probability_7"
 
 
 def test_pyfunc_module_imports_no_mlflow():
-    """Importing rayline.pyfunc (the column names, the frame helpers) costs no 1.2 s MLflow import."""
+    """Importing rayline.registry.pyfunc (the column names, the frame helpers) costs no 1.2 s MLflow import."""
     import subprocess
     import sys
 
-    code = "import sys, rayline.pyfunc; print('mlflow' in sys.modules)"
+    code = "import sys, rayline.registry.pyfunc; print('mlflow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -11,7 +11,7 @@ from rayline.errors import RegistryError
 
 
 def _artifact(folder):
-    """A rayline artifact's files (model.write_artifact's layout); the weights are not read here."""
+    """A rayline artifact's files (rayline.pipeline.artifact.write_artifact's layout); the weights are not read here."""
     frame = pd.DataFrame({"x": [1.0, None, 3.0], "c": ["a", "b", "a"], "n": [4, 5, 6]})
     steps = _steps([{"impute": {"columns": ["x"], "strategy": "mean"}}, {"one_hot": {"columns": ["c"]}}])
     fitted = fit_preprocessing(frame, [FeatureInfo("x", "number"), FeatureInfo("c", "string"), FeatureInfo("n", "integer")],
@@ -49,7 +49,7 @@ def test_register_logs_an_mlflow_pyfunc_model_with_rayline_files_under_artifacts
     from mlflow.models import Model
     from mlflow.models.utils import _enforce_schema
 
-    from rayline.model import artifact_root
+    from rayline.inference.predictor import artifact_root
 
     run_id = _run(registry)
     example = pd.DataFrame({"y": ["no", "yes"], "x": [None, 2.0], "c": ["b", "a"], "n": [7, 12]})  # as the test split reads

@@ -3,7 +3,7 @@
 import pytest
 
 from rayline.errors import ResourceError
-from rayline.resources import plan_resources
+from rayline.train.resources import plan_resources
 from rayline.spec import TrainSpec
 
 

@@ -218,7 +218,7 @@ def model_meta(registry, mv) -> tuple[list[str], str, list]:
     """(feature names, task, class labels) of a version, from its artifact's preprocessing.json."""
     import json
 
-    from rayline.model import META_FILE, PREPROCESSING_FILE, artifact_root
+    from rayline.inference.predictor import META_FILE, PREPROCESSING_FILE, artifact_root
 
     # The files sit at the root (older versions) or under the MLflow pyfunc model's artifacts/;
     # read as JSON, so the driver never imports the model's framework (the actors load it).
@@ -242,7 +242,7 @@ def model_statistics(registry, mv) -> dict | None:
     from its artifact; None for versions registered before they were kept."""
     import json
 
-    from rayline.model import artifact_root
+    from rayline.inference.predictor import artifact_root
     from rayline.monitoring.statistics import STATISTICS_FILE
 
     path = Path(artifact_root(registry.download(mv))) / STATISTICS_FILE

@@ -53,7 +53,7 @@ def models_show(name: str = typer.Argument(..., help="A registered model name.")
     """A version's lineage: the data (source, fingerprint, data cache entry), the pipeline run, the winning
     trial and its checkpoint, the version's metrics, and the deployments that gave it traffic."""
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no store set-up chatter in the output
-    from rayline.lineage import lineage, lineage_lines
+    from rayline.registry.lineage import lineage, lineage_lines
 
     if output not in ("table", "json"):
         raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json)")

@@ -304,7 +304,7 @@ def print_summary(summary, spec) -> None:
         console.print(f"training throughput: {total:,.0f} samples/s ({per_worker:,.0f} per worker), mean over the "
                       f"{'winning trial' if len(summary.trials) > 1 else 'run'}'s epochs")
     if summary.tensorboard:
-        from rayline.event_files import tensorboard_command
+        from rayline.train.event_files import tensorboard_command
 
         console.print(f"TensorBoard (metrics, throughput, learning rate per epoch): {tensorboard_command(summary.tensorboard)}")
     console.print(styled("registered: model ", (summary.name, "bold"), " version ", (str(summary.version), "bold"),

@@ -4,7 +4,9 @@
 records its address in the workspace; `connect` finds it automatically.
 
 One module a job: `env` (the environment Ray gets), `connection` (finding and joining a cluster),
-`head` (a local head's life-cycle). The names below are the ones the rest of rayline uses.
+`head` (a local head's life-cycle), `probe` (does a Ray head answer, does it want a token: asked
+before joining), `orphans` (placement groups whose creator actor died, freed). The names below are
+the ones the rest of rayline uses.
 """
 
 from __future__ import annotations

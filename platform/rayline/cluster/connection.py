@@ -160,7 +160,7 @@ def _auto_address() -> str | None:
 
 def match_cluster_auth(address: str) -> None:
     """Send the auth token exactly when the cluster at `address` requires one: it is asked
-    (rayline.cluster_probe), since a token file on this machine says nothing about that cluster.
+    (rayline.cluster.probe), since a token file on this machine says nothing about that cluster.
 
     A token sent to a cluster started without token auth broke cross-node object fetches ("The
     object's owner has exited") or hung the data stage. An explicit RAY_AUTH_MODE is left alone,
@@ -171,11 +171,11 @@ def match_cluster_auth(address: str) -> None:
       explicit RAY_AUTH_MODE before its own rule, so the answer holds. No cluster found: nothing to
       ask; ray.init's own one-line error follows.
     - ray://HOST:PORT (Ray Client): the client server is asked with Ray's client PING
-      (cluster_probe.probe_ray_client); it checks the token with the GCS's interceptor. The driver then
+      (rayline.cluster.probe.probe_ray_client); it checks the token with the GCS's interceptor. The driver then
       runs in a process on the cluster, which has the cluster's own token mode; the client process
       only sends (or not) the token on its gRPC calls, which is what this decides.
     """
-    from rayline.cluster_probe import probe_gcs, probe_ray_client
+    from rayline.cluster.probe import probe_gcs, probe_ray_client
     from rayline.jobs.auth import load_token
 
     if address == "auto":
@@ -232,7 +232,7 @@ def connect(ws: Workspace, address: str | None = None, *, num_cpus: int | None =
             return Connection(address=address, embedded=False, owned=True)
         # The dashboard hosts Ray's state API and Jobs API. (Train V2's PlacementGroupCleaner used the
         # state API to free the placement groups of trials Tune stops early; rayline's runs start no
-        # cleaner now: rayline.orphans frees those groups from the GCS's own table.)
+        # cleaner now: rayline.cluster.orphans frees those groups from the GCS's own table.)
         os.environ.update(train_env(single_machine=True))  # inherited by the raylet and every worker
         os.environ.update(serve_env(ingress))
         _start_embedded(num_cpus, verbose)

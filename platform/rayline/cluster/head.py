@@ -56,7 +56,7 @@ _START_TIMEOUT_S = 180.0
 
 
 def _start_timeout() -> float:
-    from rayline.cluster_probe import seconds_from_env
+    from rayline.cluster.probe import seconds_from_env
 
     return seconds_from_env(_START_TIMEOUT_ENV, _START_TIMEOUT_S)
 
@@ -279,7 +279,7 @@ def cluster_status(ws: Workspace) -> dict:
     address = recorded_head(ws)
     if not address:
         return {"alive": False, "address": None}
-    from rayline.cluster_probe import ClusterUnreachable, probe_gcs
+    from rayline.cluster.probe import ClusterUnreachable, probe_gcs
     from rayline.jobs.auth import load_token
 
     try:

@@ -50,7 +50,7 @@ class PreparedData:
     valid: object
     # The raw test rows (the valid split's without a test split), materialized in the object
     # store: the registered version's test metrics run the serving Predictor over them where
-    # they are (rayline/offline_metrics.py). No model-ready test split: nothing would read it.
+    # they are (rayline/evaluation/offline.py). No model-ready test split: nothing would read it.
     test_rows: object
     preprocessing: FittedPreprocessing
     fingerprint: str

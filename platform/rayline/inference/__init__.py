@@ -1,6 +1,7 @@
 """Prediction without training: each framework's half that loads a saved model and runs it.
 
-A Serve replica, `rayline.load_model` and batch scoring load models through this package, which
+A Serve replica, `rayline.load_model` and batch scoring load models through this package (the
+artifact's layout and the `Predictor` they all run: `rayline.inference.predictor`), which
 imports nothing from `rayline.train` (tests/unit/test_import_rules.py), so serving never loads the
 training loops, Ray Train or the tuners. Each framework's training half (`rayline.train.*_backend`)
 writes the files its module here reads, and builds its models with the same code (`build_model`).

@@ -26,11 +26,11 @@ def use_legacy_keras() -> None:
 def import_tensorflow():
     """TensorFlow (with tf.keras meaning tf-keras), imported and its devices listed with the absl lines
     both print on fd 2 kept in rayline's log (logger "rayline.tensorflow"), not on the terminal:
-    rayline/native_stderr.py. Once per process; later calls return the module."""
+    rayline/inference/native_stderr.py. Once per process; later calls return the module."""
     use_legacy_keras()
     if "tensorflow" in sys.modules and "tf_keras" in sys.modules:
         return sys.modules["tensorflow"]
-    from rayline.native_stderr import native_stderr_to_log
+    from rayline.inference.native_stderr import native_stderr_to_log
 
     with native_stderr_to_log("rayline.tensorflow", "tensorflow"):
         import tensorflow as tf

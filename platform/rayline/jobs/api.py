@@ -89,10 +89,10 @@ class JobsClient:
         for name in ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk",
                      "ray._private.runtime_env.packaging"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        from rayline.cluster_probe import probe_jobs_api
+        from rayline.cluster.probe import probe_jobs_api
 
         self = cls(url=url)
-        # Within seconds, and the token only to a cluster that requires one (rayline.cluster_probe).
+        # Within seconds, and the token only to a cluster that requires one (rayline.cluster.probe).
         self._token = probe_jobs_api(url, token=load_token)
         self._client = self._call(lambda: _new_client(url, auth_headers(self._token)))
         return self

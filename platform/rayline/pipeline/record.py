@@ -41,7 +41,7 @@ def new_record(spec: PipelineSpec, *, experiment: str, spec_path: str | None, ws
     live one; spec_raw: the whole spec as parsed, for `rayline resume RUN_ID` without the file."""
     import time
 
-    from rayline.resume import driver_info
+    from rayline.tune.resume import driver_info
 
     previous = previous or {}
     return {"experiment": experiment, "spec_name": spec.name, "spec_path": spec_path or "", "spec": training_spec(spec),
@@ -81,7 +81,7 @@ def run_records(ws: Workspace) -> list[dict]:
 def resumable(record: dict, force: bool = False) -> tuple[bool, str]:
     """Whether a record's run can be resumed now, and if not, why (a phrase). `force`: also when its
     driver is on another host (which this one cannot check); never when it is provably alive here."""
-    from rayline.resume import driver_state
+    from rayline.tune.resume import driver_state
 
     status = record.get("status")
     if status == "interrupted":
@@ -145,7 +145,7 @@ def interrupted_run(ws: Workspace, spec: PipelineSpec, run_id: str | None = None
                          "or run without --resume to start over)"])
     # Claimed at once, with this process as its driver: a second `--resume` started while this
     # one prepares its data sees a live driver and refuses.
-    from rayline.resume import driver_info
+    from rayline.tune.resume import driver_info
     from rayline.storage import join
 
     write_record(join(ws.runs_dir, record["experiment"]), {**record, "status": "running", "driver": driver_info()})

@@ -53,7 +53,7 @@ def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Wo
         artifact = _artifact(os.path.join(staging, "model"), winner.checkpoint_dir, data, winning_spec, model_metrics)
         # Offline, through the serving Predictor (the same code as the endpoint's answers),
         # where the test rows are: no test split in this process.
-        from rayline.offline_metrics import evaluate_rows
+        from rayline.evaluation.offline import evaluate_rows
 
         with fitted_to_free_cpus("register", required=False):  # tasks only for a large test split
             test_metrics, partials = evaluate_rows(artifact, data.test_rows, with_partials=True)
@@ -82,8 +82,8 @@ def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Wo
 def _artifact(target: str, checkpoint_dir: str, data, spec: PipelineSpec, metrics: dict) -> str:
     """The model artifact at `target`, loaded back as a Serve replica loads it and checked against
     the probe: training/serving skew fails the run here, before registering."""
-    from rayline.artifact import write_artifact
-    from rayline.model import Predictor
+    from rayline.pipeline.artifact import write_artifact
+    from rayline.inference.predictor import Predictor
     from rayline.storage import download_dir, is_uri
     from rayline.train.backend import load_backend
 
@@ -100,7 +100,7 @@ def _artifact(target: str, checkpoint_dir: str, data, spec: PipelineSpec, metric
 def _check_probe(predictor, data) -> None:
     """The artifact, loaded as a Serve replica loads it, must reproduce on the raw probe rows the
     outputs the model being trained gave at its checkpoint (rayline/train/probe.py)."""
-    from rayline.model import artifact_root
+    from rayline.inference.predictor import artifact_root
     from rayline.train.probe import check_probe, read_probe
 
     record = read_probe(artifact_root(predictor.model_dir))
@@ -140,7 +140,7 @@ def _add_test_metrics(artifact: str, test_metrics: dict) -> None:
     import json
 
     from rayline.files import atomic_write
-    from rayline.model import META_FILE
+    from rayline.inference.predictor import META_FILE
 
     path = os.path.join(artifact, META_FILE)
     with open(path) as fh:

@@ -65,9 +65,9 @@ def run_pipeline(
     `startup`: the caller's own phases before this (the CLI's start, Ray's start), kept with the
     run's phases in its record and summary (rayline/pipeline/phases.py).
     """
-    from rayline.event_files import mean_throughput
+    from rayline.train.event_files import mean_throughput
     from rayline.train.hardware import trained_on
-    from rayline.orphans import release_orphaned_placement_groups, sweep_in_background
+    from rayline.cluster.orphans import release_orphaned_placement_groups, sweep_in_background
     from rayline.pipeline.prepare import prepare_stage
     from rayline.pipeline.phases import train_phases
     from rayline.pipeline.record import check_same_data, interrupted_run, new_record, write_record

@@ -29,7 +29,7 @@ class RunSummary:
     leaderboard: list = field(default_factory=list)
     data_variants: int = 1  # preprocessing configurations the data stage prepared (one data stage each)
     report: str | None = None  # the sweep report (HTML; rayline.report), written after registering a sweep
-    tensorboard: str | None = None  # the run's TensorBoard event files (rayline.event_files), one directory per trial
+    tensorboard: str | None = None  # the run's TensorBoard event files (rayline.train.event_files), one directory per trial
     throughput: tuple | None = None  # the winner's training samples/s (total, per worker), mean over its epochs
     # Where the run's time went, phase by phase (rayline/pipeline/phases.py), as its record keeps them.
     phases: dict = field(default_factory=dict)

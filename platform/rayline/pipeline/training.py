@@ -30,7 +30,7 @@ def plan_training(spec: PipelineSpec):
     import ray
 
     from rayline.pipeline.plan import plan_when_settled
-    from rayline.resources import plan_resources
+    from rayline.train.resources import plan_resources
     from rayline.tune.clock import max_workers
     from rayline.tune.sweep import TRIAL_DRIVER_CPUS
 
@@ -53,7 +53,7 @@ def train_stage(spec: PipelineSpec, prepared: list, *, plan, folder: str, runs_d
     same names (Tune's state, or Train's latest checkpoint)."""
     import ray
 
-    from rayline.orphans import sweep_in_background
+    from rayline.cluster.orphans import sweep_in_background
     from rayline.storage import join
     from rayline.train.hardware import cluster_accelerators, plan_text
     from rayline.train.run import datasets_of, train
@@ -89,7 +89,7 @@ def train_stage(spec: PipelineSpec, prepared: list, *, plan, folder: str, runs_d
 
 def _event_files(location: str, trials: list) -> str | None:
     """TensorBoard event files of every trial's history; a failure is a warning, never a failed run."""
-    from rayline.event_files import write_event_files
+    from rayline.train.event_files import write_event_files
 
     try:
         return write_event_files(location, trials)

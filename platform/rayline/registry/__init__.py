@@ -15,7 +15,9 @@ MLflow's own wait is reported as such.
 
 One module a job: `store` (opening the store, the MLflow boundary), `tracking` (runs and trials),
 `registered` (versions, aliases, tags, deployments), `downloads` (the cache of downloaded
-versions). `Registry` is all four for one workspace.
+versions). `Registry` is all four for one workspace. Beside them: `pyfunc` (each version as an MLflow
+pyfunc model; `pyfunc_model.py` is the code file copied into it) and `lineage` (what a version came
+from).
 """
 
 from __future__ import annotations

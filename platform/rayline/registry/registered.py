@@ -93,17 +93,17 @@ class RegisteredModels:
         return ModelVersion(name=name, version=str(mv.version), run_id=run_id, source=source, metrics=metrics)
 
     def _log_model(self, run_id: str, artifact_dir: str, input_example) -> bool:
-        """The run's `model/`: the MLflow pyfunc model of a rayline artifact (rayline/pyfunc.py),
+        """The run's `model/`: the MLflow pyfunc model of a rayline artifact (rayline/registry/pyfunc.py),
         built in the workspace's tmp and logged whole, so a failure logs nothing. Measured on a
         2-core machine: +0.03 s for digits (64 features), +0.3 s the first time in a process
         (MLflow's pyfunc modules load). A directory that is not a rayline artifact (no
         preprocessing.json: stand-ins in tests) is logged as it is. True when a pyfunc model was logged."""
-        from rayline.model import META_FILE, PREPROCESSING_FILE
+        from rayline.inference.predictor import META_FILE, PREPROCESSING_FILE
 
         if not all(os.path.isfile(os.path.join(artifact_dir, f)) for f in (META_FILE, PREPROCESSING_FILE)):
             self.client.log_artifacts(run_id, artifact_dir, artifact_path="model")
             return False
-        from rayline.pyfunc import package
+        from rayline.registry.pyfunc import package
 
         staging = self.ws.temp_dir("pyfunc")
         try:

@@ -35,7 +35,7 @@ class ModelServer:
 
         self.api_keys = load_api_keys(settings["auth"]) if settings.get("auth") else None
 
-        from rayline.model import Predictor
+        from rayline.inference.predictor import Predictor
         from rayline.registry import Registry
         from rayline.spec import ServeSpec
         from rayline.workspace import workspace as make_workspace

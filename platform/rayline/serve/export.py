@@ -36,7 +36,7 @@ def _version_spec(registry, mv):
     """The PipelineSpec the version was trained with (its artifact's spec.yaml)."""
     import yaml
 
-    from rayline.model import SPEC_FILE, artifact_root
+    from rayline.inference.predictor import SPEC_FILE, artifact_root
     from rayline.spec import PipelineSpec
 
     root = artifact_root(registry.download(mv))

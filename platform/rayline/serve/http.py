@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from rayline.errors import DataError, PredictionError
-from rayline.model import Predictor
+from rayline.inference.predictor import Predictor
 from rayline.serve.asgi_call import ANSWER_BOX, HANDED_INSTANCES, HandedRows
 from rayline.serve.limits import BodyTooLarge, read_body
 from rayline.serve.metrics import observe_rows

@@ -302,7 +302,7 @@ class Router:
 
     def _build(self, version: str, raw: bytes | None):
         """Version `version`'s request stack, with the settings it was deployed with (`raw`: as recorded)."""
-        from rayline.model import Predictor
+        from rayline.inference.predictor import Predictor
         from rayline.registry import Registry
         from rayline.serve.stack import build_stack
         from rayline.spec import ServeSpec

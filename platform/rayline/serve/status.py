@@ -27,7 +27,7 @@ def connect_existing(ws, address: Optional[str] = None):
     """Join the named cluster (else RAY_ADDRESS, else the head `rayline cluster up` recorded,
     else the Ray running on this machine); never start one, which would serve nothing.
 
-    An address where no Ray head answers fails within seconds (rayline.cluster_probe, inside
+    An address where no Ray head answers fails within seconds (rayline.cluster.probe, inside
     `connect`): `ray.init` would retry for minutes (measured: still waiting after 10 min for 127.0.0.1:1).
     """
     import os

@@ -253,7 +253,7 @@ def eval_chunks(rows: int, most: int, chunk: int) -> list[slice]:
 
 
 def combine_metrics(part, rank: int, world: int, allreduce_sum: Callable) -> dict:
-    """The metrics of every worker's rows: each worker's MetricPartials (rayline/evaluation.py)
+    """The metrics of every worker's rows: each worker's MetricPartials (rayline/evaluation/metrics.py)
     gathered to all workers over the training collective, merged in rank order, so every worker
     gets the same numbers, equal to the metrics of all rows in one process.
 

@@ -9,7 +9,7 @@ model at every checkpoint, so that what was registered can be checked against wh
   predicts them in its evaluation step, on every rank (a forward pass may be a collective: FSDP,
   MultiWorkerMirroredStrategy), with the framework's own predict of the model object it trains,
   and rank 0's checkpoint `save` writes PROBE_FILE beside rayline_state.json (`write_probe`).
-- At registration the runner loads the artifact as serving does (rayline.model.Predictor) and
+- At registration the runner loads the artifact as serving does (rayline.inference.predictor.Predictor) and
   checks that it reproduces those outputs on the raw probe rows (`check_probe`): a
   training/serving skew check that fails the run, naming the row and the difference.
 

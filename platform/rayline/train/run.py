@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from rayline.errors import InterruptedRun, TrainingError
-from rayline.resources import ResourcePlan
+from rayline.train.resources import ResourcePlan
 from rayline.spec.pipeline_spec import PipelineSpec, metric_mode
 from rayline.train.backend import load_backend
 from rayline.storage import join, list_names, read_json
@@ -104,7 +104,7 @@ def train(
     the best and the latest (another trial may still start from one: PBT)."""
     import ray.train
 
-    from rayline.orphans import without_train_cleaner
+    from rayline.cluster.orphans import without_train_cleaner
     from rayline.train.splits import without_dataset_manager
 
     backend = load_backend(spec.model.framework)

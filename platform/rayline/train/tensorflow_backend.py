@@ -31,7 +31,7 @@ from rayline.train.hardware import strategy_text, tf_worker_device
 from rayline.train.loop import (EpochReporter, available_memory, combine_metrics, epoch_order, eval_chunks,
                                 fewest_rows, model_ready, own_valid_rows, sha256_of, shard_arrays, shard_plan,
                                 streamed_preprocessing, with_last)
-from rayline.evaluation import MetricPartials
+from rayline.evaluation.metrics import MetricPartials
 from rayline.train.probe import probe_features, write_probe
 from rayline.train.splits import ARRAYS_KEY, dataset_shard
 from rayline.train.tf_steps import TfSteps, make_strategy

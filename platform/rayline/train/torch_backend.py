@@ -17,7 +17,7 @@ from rayline.train.loop import (EpochReporter, available_memory, combine_metrics
                                 fewest_rows, model_ready, own_valid_rows, sha256_of, shard_arrays, shard_plan,
                                 streamed_preprocessing, with_last)
 from rayline.inference.outputs import softmax
-from rayline.evaluation import MetricPartials
+from rayline.evaluation.metrics import MetricPartials
 from rayline.train.probe import probe_features, write_probe
 from rayline.train.splits import ARRAYS_KEY, dataset_shard
 from rayline.train.torch_steps import TorchSteps, register_compression

@@ -49,7 +49,7 @@ from rayline.train.backend import Backend
 from rayline.train.hardware import strategy_text, xgboost_device
 from rayline.train.loop import (EpochReporter, available_memory, combine_metrics, own_valid_rows, sha256_of,
                                 shard_batches, streamed_preprocessing)
-from rayline.evaluation import MetricPartials
+from rayline.evaluation.metrics import MetricPartials
 from rayline.train.probe import probe_features, write_probe
 from rayline.train.splits import dataset_shard
 from rayline.workspace import owned_tempdir, sweep_orphans

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayline.errors import InterruptedRun, RaylineError, TrainingError
-from rayline.resources import ResourcePlan
+from rayline.train.resources import ResourcePlan
 from rayline.spec.pipeline_spec import PipelineSpec, metric_mode
 from rayline.storage import join
 from rayline.train.run import TrainResult, train
@@ -178,8 +178,8 @@ def tune_pipeline(
     from rayline.tune.handoff import locate_trial_best
     from rayline.tune.searchers import SEARCHERS
 
-    from rayline.orphans import ReleaseOrphansCallback
-    from rayline.resume import SaveOnTrialEnd
+    from rayline.cluster.orphans import ReleaseOrphansCallback
+    from rayline.tune.resume import SaveOnTrialEnd
 
     from rayline.spec.pipeline_space import PipelineSpace, family_label
 
@@ -227,7 +227,7 @@ def tune_pipeline(
             ),
             # ReleaseOrphansCallback: a killed trial's Train placement group is freed for the next.
             # SaveOnTrialEnd: a trial's end is saved before the next trial starts, so a killed
-            # driver's sweep never runs a finished trial again on resume (rayline/resume.py).
+            # driver's sweep never runs a finished trial again on resume (rayline/tune/resume.py).
             run_config=tune.RunConfig(name=os.path.basename(path), storage_path=storage_path, verbose=0,
                                       callbacks=[SaveOnTrialEnd(), ReleaseOrphansCallback()]),
         )

@@ -1,10 +1,10 @@
 """Every registered version as a real MLflow pyfunc model (models-from-code).
 
-`package` turns a rayline artifact (model.write_artifact: weights/, preprocessing.json,
+`package` turns a rayline artifact (rayline.pipeline.artifact.write_artifact: weights/, preprocessing.json,
 rayline.json, spec.yaml) into an MLflow pyfunc model directory:
 
     MLmodel                 python_function flavor, loader: MLflow's code-model loader
-    pyfunc_model.py         the model code (a copy of rayline/pyfunc_model.py): imports
+    pyfunc_model.py         the model code (a copy of rayline/registry/pyfunc_model.py): imports
                             rayline and calls mlflow.models.set_model(...)
     artifacts/rayline/      the rayline artifact itself, as `artifacts={"rayline": ...}`
     requirements.txt, python_env.yaml, conda.yaml, input_example.json, serving_input_example.json
@@ -223,7 +223,7 @@ def package(artifact_dir: str, dest: str, *, run_id: str | None = None, artifact
     from mlflow.models import Model
 
     from rayline.data.preprocess import FittedPreprocessing
-    from rayline.model import META_FILE, PREPROCESSING_FILE, PYFUNC_ARTIFACT
+    from rayline.inference.predictor import META_FILE, PREPROCESSING_FILE, PYFUNC_ARTIFACT
 
     with open(os.path.join(artifact_dir, META_FILE)) as fh:
         meta = json.load(fh)

@@ -3,7 +3,7 @@
 The registered version's test metrics come from the serving Predictor (compiled preprocessing,
 then the model: the code every Serve replica runs) on the raw test rows. The rows stay in Ray's
 object store: one Ray Data task per block predicts its rows and returns their
-`MetricPartials` (rayline/evaluation.py), a few KB whatever the block's size; the driver
+`MetricPartials` (rayline/evaluation/metrics.py), a few KB whatever the block's size; the driver
 merges them. Nothing in the driver grows with the test split.
 
 The artifact travels as a tar in the object store (a few MB: the weights and the fitted
@@ -43,8 +43,8 @@ def evaluate_rows(artifact_dir: str, rows, with_partials: bool = False, in_proce
     `in_process`: predict here (True), in Ray Data tasks (False), or decide by size (None)."""
     import json
 
-    from rayline.model import META_FILE, artifact_root
-    from rayline.evaluation import MetricPartials
+    from rayline.inference.predictor import META_FILE, artifact_root
+    from rayline.evaluation.metrics import MetricPartials
 
     with open(os.path.join(artifact_root(artifact_dir), META_FILE)) as fh:
         task = json.load(fh)["task"]
@@ -63,7 +63,7 @@ def _small(rows) -> bool:
 
 def _here(artifact_dir: str, rows):
     """The merged partials, predicted in this process one block at a time."""
-    from rayline.model import Predictor
+    from rayline.inference.predictor import Predictor
 
     predictor, total = Predictor(artifact_dir), None
     for batch in rows.iter_batches(batch_format="pyarrow", batch_size=None):
@@ -115,7 +115,7 @@ def _predictor(artifact, digest: str):
     if digest not in _LOADED:
         import ray
 
-        from rayline.model import Predictor
+        from rayline.inference.predictor import Predictor
 
         blob = ray.get(artifact)
         with tempfile.TemporaryDirectory(prefix="rayline-eval-") as tmp:

@@ -1,4 +1,4 @@
-"""Assemble a model artifact (the layout `rayline.model` reads) from a training checkpoint.
+"""Assemble a model artifact (the layout `rayline.inference.predictor` reads) from a training checkpoint.
 
 The registration side of the artifact: it reads the training checkpoint's layout
 (`rayline.train.loop.MODEL_DIR`, the probe file), which the serving side never needs.
@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 import yaml
 
 from rayline.data.preprocess import FittedPreprocessing
-from rayline.model import META_FILE, PREPROCESSING_FILE, SPEC_FILE, WEIGHTS_DIR
+from rayline.inference.predictor import META_FILE, PREPROCESSING_FILE, SPEC_FILE, WEIGHTS_DIR
 
 __all__ = ["write_artifact"]
 

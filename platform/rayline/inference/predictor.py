@@ -11,7 +11,7 @@ An artifact directory holds everything serving needs and nothing it has to recom
 
 `Predictor` is what `rayline.load_model` returns and what every Serve replica runs, so
 offline and online predictions are the same code on the same state. It loads the model through
-`rayline.inference`, never through training code; `rayline.artifact` writes the directory.
+`rayline.inference`, never through training code; `rayline.pipeline.artifact` writes the directory.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ WEIGHTS_DIR = "weights"
 META_FILE = "rayline.json"
 PREPROCESSING_FILE = "preprocessing.json"
 SPEC_FILE = "spec.yaml"
-# A registered version is an MLflow pyfunc model (rayline/pyfunc.py): its MLmodel names these
+# A registered version is an MLflow pyfunc model (rayline/registry/pyfunc.py): its MLmodel names these
 # files as the pyfunc artifact `rayline`, which MLflow copies under `artifacts/`.
 PYFUNC_ARTIFACT = "rayline"
 
@@ -150,13 +150,13 @@ class Predictor:
         return self.predict(frame, probabilities)
 
     def evaluate(self, frame: pd.DataFrame) -> dict[str, float]:
-        """Metrics of this model on labelled raw rows in one frame (rayline.offline_metrics
+        """Metrics of this model on labelled raw rows in one frame (rayline.evaluation.offline
         computes them for a test split of any size, spread over the cluster)."""
         return self.metric_partials(frame).result()
 
     def metric_partials(self, frame: pd.DataFrame):
         """The mergeable statistics of this model's metrics on labelled raw rows (MetricPartials)."""
-        from rayline.evaluation import MetricPartials
+        from rayline.evaluation.metrics import MetricPartials
 
         if not len(frame):  # a block without rows of the split
             return MetricPartials(self.task, len(self.preprocessing.label.classes or []))

@@ -1,4 +1,4 @@
-"""The models-from-code file of every registered rayline version (see rayline/pyfunc.py).
+"""The models-from-code file of every registered rayline version (see rayline/registry/pyfunc.py).
 
 MLflow copies this file into the model directory when rayline registers a version, and runs
 it when the model is loaded (`mlflow.pyfunc.load_model`, `mlflow models serve`): it holds no
@@ -17,17 +17,17 @@ class RaylineModel(PythonModel):
     """Raw feature rows (a DataFrame) in; `prediction` and `probability_<label>` columns out."""
 
     def load_context(self, context):
-        from rayline.model import PYFUNC_ARTIFACT, Predictor
+        from rayline.inference.predictor import PYFUNC_ARTIFACT, Predictor
 
         self.predictor = Predictor(context.artifacts[PYFUNC_ARTIFACT])
 
     # Annotated as a DataFrame: MLflow then neither warns about a missing type hint nor infers
-    # a signature from it; the signature comes from the feature schema (rayline/pyfunc.py).
+    # a signature from it; the signature comes from the feature schema (rayline/registry/pyfunc.py).
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         from mlflow.exceptions import MlflowException
 
         from rayline.errors import DataError, PredictionError
-        from rayline.pyfunc import predict_frame
+        from rayline.registry.pyfunc import predict_frame
 
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         try:
