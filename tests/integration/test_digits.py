@@ -76,7 +76,8 @@ def test_a_single_machine_ray_trains_without_preemption_watchers_or_ray_s_placem
     and rayline's runs start no PlacementGroupCleaner (rayline.cluster.orphans frees the groups itself)
     and, as digits' splits went to the workers as arrays, no DatasetManager
     (rayline.train.splits.without_dataset_manager): three Python processes less per training run.
-    (This lane's first training is the digits sweep: no run with datasets came before it.)"""
+    (This lane's first training is the digits sweep: no run with datasets came before it.)
+    And its log monitor has rayline's pace."""
     import ray
     from ray.util.state import list_actors
 
@@ -87,6 +88,15 @@ def test_a_single_machine_ray_trains_without_preemption_watchers_or_ray_s_placem
     assert actors("PreemptionWatcher") == []
     assert actors("PlacementGroupCleaner") == []
     assert actors("DatasetManager") == []
+    # Its log monitor looks for new log files every 2 s, not on every 0.1-s pass (a glob of a folder
+    # that every actor above added files to).
+    from ray._private import ray_constants
+    from ray._private.worker import _global_node
+
+    (monitor,) = _global_node.all_processes[ray_constants.PROCESS_TYPE_LOG_MONITOR]
+    with open(f"/proc/{monitor.process.pid}/environ", "rb") as f:
+        environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    assert environ[b"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"] == b"0" and environ[b"LOG_NAME_UPDATE_INTERVAL_S"] == b"2"
 
 
 def _winner(digits):
