@@ -440,6 +440,55 @@ def test_rollout_cli_errors_are_one_line(setup, ws):
     _one_line_error(_cli("rollback", "nosuchmodel", *w), "model nosuchmodel: no rollout is served on this cluster")
 
 
+def test_models_compare_judges_a_version_against_the_champion_on_the_same_rows(setup, digits, ws, tmp_path):
+    """`rayline models compare` scores the challenger and the serving champion with each version's own
+    preprocessing and model on the same labelled rows: the scores are those each version's Predictor
+    gives those rows, the verdict follows the gain against --min-delta (exit 0 or 4), and the judgement
+    is recorded on the version and printed by `rayline models show`. Bad input is one line, exit 2."""
+    from sklearn.datasets import load_digits
+
+    import rayline as rl
+    from rayline.registry import JUDGEMENT_TAG, Registry
+
+    frame = load_digits(as_frame=True).frame  # the rows the digits spec reads, every feature and the label
+    data = tmp_path / "digits.csv"
+    frame.to_csv(data, index=False)
+    champion = Registry(ws).alias_version("digits", "champion")
+    loser, same = _register_losing_trial(digits, ws), _register_copy(ws, "digits", champion)
+    expected = {v: rl.load_model("digits", v, workspace=str(ws.root)).evaluate(frame)["accuracy"] for v in (champion, loser)}
+    assert expected[loser] != expected[champion]  # two different models: the comparison can go either way
+
+    judged = rayline("models", "compare", "digits", loser, "--data", data, "-w", ws.root, "-o", "json", cwd=ROOT)
+    result = json.loads(judged.stdout)
+    assert (result["champion"], result["metric"], result["rows"]) == (champion, "accuracy", len(frame))  # the spec's metric
+    assert result["challenger_score"] == pytest.approx(expected[loser]) and result["champion_score"] == pytest.approx(expected[champion])
+    gain = expected[loser] - expected[champion]
+    assert result["gain"] == pytest.approx(gain) and result["qualifies"] is (gain >= 0)
+    assert judged.returncode == (0 if gain >= 0 else 4), judged.stderr
+    tag = json.loads(Registry(ws).client.get_model_version("digits", loser).tags[JUDGEMENT_TAG])
+    assert tag["challenger_score"] == result["challenger_score"] and tag["champion"] == champion
+    shown = rayline("models", "show", "digits", "--version", loser, "-w", ws.root, cwd=ROOT)
+    judged_line = shown.stdout.split("\njudged:", 1)[1].splitlines()[0]
+    assert f"challenger of version {champion} by accuracy on {len(frame)} rows" in judged_line, shown.stdout
+    assert ("does not qualify" in judged_line) is (gain < 0), judged_line
+
+    # The same model as the champion: a gain of exactly 0 qualifies at --min-delta 0, not when a gain is required.
+    even = rayline("models", "compare", "digits", same, "--data", data, "-w", ws.root, cwd=ROOT)
+    assert even.returncode == 0 and "gain +0.0000" in even.stdout and "qualifies" in even.stdout, even.stdout + even.stderr
+    required = rayline("models", "compare", "digits", same, "--data", data, "-w", ws.root, "--min-delta", "0.01", "--metric", "f1", cwd=ROOT)
+    assert required.returncode == 4 and "f1=" in required.stdout and "does not qualify" in required.stdout, required.stdout
+
+    frame.drop(columns=["target"]).to_csv(tmp_path / "unlabelled.csv", index=False)
+    for args, needle in ((["--data", tmp_path / "unlabelled.csv"], "--data: no label column 'target'"),
+                         (["--data", tmp_path / "rows.json"], "--data: unknown file type"),
+                         (["--data", tmp_path / "missing.csv"], "--data: no such file"),
+                         (["--data", data, "--metric", "rmse"], "--metric: 'rmse' is not a metric of this classification model"),
+                         (["--data", data, "--champion", same], "--champion: the challenger itself")):
+        bad = rayline("models", "compare", "digits", same, *args, "-w", ws.root, cwd=ROOT)
+        assert bad.returncode in (1, 2) and bad.stderr.startswith("error: ") and needle in bad.stderr, bad.stderr
+        assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr, bad.stderr
+
+
 def _most_replicas(version):
     """Serve's own view of version `version`'s deployment: the most replicas it may run."""
     from rayline.serve.details import serve_details

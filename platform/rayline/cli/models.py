@@ -1,4 +1,4 @@
-"""`rayline models [list|show]` and `rayline report`: registered models, their lineage, a sweep's report."""
+"""`rayline models [list|show|compare]` and `rayline report`: registered models, their lineage, a sweep's report."""
 
 from __future__ import annotations
 
@@ -63,6 +63,37 @@ def models_show(name: str = typer.Argument(..., help="A registered model name.")
         return
     for line in lineage_lines(item):
         console.print(line)
+
+
+@models_app.command("compare")
+def models_compare(name: str = typer.Argument(..., help="A registered model name."),
+                   challenger: str = typer.Argument(..., help="The version to judge."),
+                   data: Path = typer.Option(..., "--data", help="Labelled raw rows to judge on (CSV or Parquet): the "
+                                             "features and the label column, as the pipeline's data has them."),
+                   champion: Optional[str] = typer.Option(None, "--champion", help="The version to beat (default: the "
+                                                          "one the `champion` alias names, i.e. the one serving)."),
+                   metric: Optional[str] = typer.Option(None, "--metric", help="Default: the metric the challenger "
+                                                        "was trained for (train.metric)."),
+                   min_delta: float = typer.Option(0.0, "--min-delta", help="How much better the challenger must "
+                                                   "score to qualify, in the metric's own direction (0: no worse)."),
+                   workspace: Optional[Path] = WorkspaceOpt,
+                   output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
+    """Judge a version against the champion on the same labelled rows; the judgement is recorded on the
+    version (`rayline models show`). Exit 0 when it qualifies, 4 when it does not."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    from rayline.retrain import judge, read_rows
+
+    if output not in ("table", "json"):
+        raise RaylineError(f"--output: unknown format (got {output!r}; allowed: table, json)")
+    ws = open_workspace(workspace)
+    result = judge(ws, name, challenger, read_rows(str(data)), data=str(data), champion=champion, metric=metric,
+                   min_delta=min_delta)
+    if output == "json":
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        console.print(result.line(), soft_wrap=True)
+    if not result.qualifies:
+        raise typer.Exit(4)
 
 
 @app.command()

@@ -13,12 +13,13 @@ or malformed tag, or on a run, record or checkpoint that is gone.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-__all__ = ["Lineage", "lineage", "lineage_lines", "deployment_text"]
+__all__ = ["Lineage", "lineage", "lineage_lines", "deployment_text", "judgement_text"]
 
 UNKNOWN = "unknown"
 
@@ -46,6 +47,7 @@ class Lineage:
     checkpoint_present: Optional[bool] = None
     metrics: dict = field(default_factory=dict)  # valid_* and test_*
     deployments: list = field(default_factory=list)  # oldest first
+    judgement: Optional[dict] = None  # against the champion, when judged (rayline/retrain/judge.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,7 +98,7 @@ def lineage(ws, name: str, version: Optional[str] = None) -> Lineage:
         run_name=run.info.run_name if run else None, run_status=run.info.status if run else None,
         experiment=tags.get("experiment") or None, trial_id=tags.get("trial_id") or None,
         checkpoint=tags.get("checkpoint") or None, metrics=dict(sorted(metrics.items())),
-        deployments=deployments_of(tags),
+        deployments=deployments_of(tags), judgement=_judgement(tags),
     )
     if out.cache_key:
         from rayline.data.cache import DataCache
@@ -108,6 +110,31 @@ def lineage(ws, name: str, version: Optional[str] = None) -> Lineage:
     if out.experiment:
         out.record_status = _record_status(ws, out.experiment)
     return out
+
+
+def _judgement(tags: dict) -> Optional[dict]:
+    from rayline.registry import JUDGEMENT_TAG
+
+    try:
+        entry = json.loads(tags.get(JUDGEMENT_TAG) or "null")
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def judgement_text(entry: dict) -> str:
+    """`challenger of version 1 by accuracy on 1797 rows (digits.csv): 0.9410 vs 0.9520, gain -0.0110, needed
+    >= +0.0000: does not qualify (2026-11-28T16:50:00Z)`; tolerant of missing keys."""
+    def score(key):
+        value = entry.get(key)
+        return f"{value:.4f}" if isinstance(value, (int, float)) else UNKNOWN
+
+    verdict = {True: "qualifies", False: "does not qualify"}.get(entry.get("qualifies"), UNKNOWN)
+    return (f"challenger of version {entry.get('champion', UNKNOWN)} by {entry.get('metric', UNKNOWN)} on "
+            f"{entry.get('rows', UNKNOWN)} rows ({entry.get('data', UNKNOWN)}): {score('challenger_score')} vs "
+            f"{score('champion_score')}, gain {entry['gain']:+.4f}, needed >= {entry['min_delta']:+.4f}: {verdict} "
+            f"({entry.get('time', UNKNOWN)})" if isinstance(entry.get("gain"), (int, float))
+            and isinstance(entry.get("min_delta"), (int, float)) else f"{verdict} ({entry.get('time', UNKNOWN)})")
 
 
 def deployment_text(entry: dict) -> str:
@@ -158,4 +185,6 @@ def lineage_lines(item: Lineage) -> list[str]:
               for prefix in ("valid_", "test_")]
     add("metrics", *([g for g in groups if g] or ["none recorded"]))
     add("deployments", *([deployment_text(d) for d in item.deployments] or ["none recorded"]))
+    if item.judgement:
+        add("judged", judgement_text(item.judgement))
     return lines

@@ -15,11 +15,13 @@ from rayline.errors import RegistryError
 from rayline.redact import redact_text
 from rayline.registry.store import one_line
 
-__all__ = ["DEPLOYMENTS_TAG", "DEPLOYMENTS_TAG_CHARS", "deployments_of", "ModelVersion", "RegisteredModels"]
+__all__ = ["JUDGEMENT_TAG", "DEPLOYMENTS_TAG", "DEPLOYMENTS_TAG_CHARS", "deployments_of", "ModelVersion", "RegisteredModels"]
 
 # A version's deployments (`rayline models show`), oldest first: a JSON list of {at, action, role,
 # percent, route, app, ...} that rayline/serve appends to each time the version is given traffic.
 DEPLOYMENTS_TAG = "rayline.deployments"
+# On a challenger version: its judgement against the champion (rayline/retrain/judge.py), JSON.
+JUDGEMENT_TAG = "rayline.judgement"
 # Newest entries that fit in this many characters are kept: MLflow 2+ takes 100,000 per model
 # version tag, MLflow 1.x servers 5,000 (about 30 entries of ~150 characters).
 DEPLOYMENTS_TAG_CHARS = 5000
@@ -240,6 +242,10 @@ class RegisteredModels:
             except MlflowException as exc:
                 if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                     raise
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        with self._guard(f"tag model {name!r} version {version}"):
+            self.client.set_model_version_tag(name, str(version), key, value)
 
     def set_model_tag(self, name: str, key: str, value: str) -> None:
         with self._guard(f"tag model {name!r}"):
