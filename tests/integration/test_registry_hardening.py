@@ -334,6 +334,28 @@ def test_run_load_model_and_replica_leave_no_temporary_directories(ray_session, 
     sentinel.unlink()
     serve.delete("tmpcheck")
 
+    # A new version of a served model is judged at registration against the champion, on the new run's
+    # own test split (rayline/retrain/judge.py): the champion's score is the test metric it registered
+    # with (same seed, same split), the new one's its own; recorded on the version, said in the summary.
+    # The champion's copy comes from the cache: still nothing left in /tmp below.
+    import json
+
+    from rayline.registry import JUDGEMENT_TAG, Registry
+
+    assert summary.judgement is None  # no champion when it registered
+    Registry(ws).set_alias("tmpcheck", "champion", summary.version)  # as `rayline serve deploy` leaves it
+    raw["train"]["epochs"] = 1
+    (tmp_path / "tmpcheck.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    second = run(load_spec(tmp_path / "tmpcheck.yaml"), ws, spec_path=str(tmp_path / "tmpcheck.yaml"), deploy=False)
+    assert second.version == str(int(summary.version) + 1)
+    judged = json.loads(Registry(ws).client.get_model_version("tmpcheck", second.version).tags[JUDGEMENT_TAG])
+    assert (judged["champion"], judged["challenger"], judged["metric"], judged["rows"]) == \
+        (summary.version, second.version, "accuracy", second.rows["test"])
+    assert judged["champion_score"] == pytest.approx(summary.test_metrics["accuracy"])
+    assert judged["challenger_score"] == pytest.approx(second.test_metrics["accuracy"])
+    assert judged["qualifies"] is (second.test_metrics["accuracy"] >= summary.test_metrics["accuracy"])
+    assert second.judgement.startswith(f"tmpcheck: challenger version {second.version} accuracy="), second.judgement
+
     assert _ours(_tmp_entries() - before, "tmpcheck") == set()
     assert not ws.tmp_dir.exists() or list(ws.tmp_dir.iterdir()) == []
     assert [p.name for p in (ws.cache_dir / "models" / "tmpcheck").iterdir()] == [cached[0].name]  # no .partial-

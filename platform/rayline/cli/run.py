@@ -309,6 +309,8 @@ def print_summary(summary, spec) -> None:
         console.print(f"TensorBoard (metrics, throughput, learning rate per epoch): {tensorboard_command(summary.tensorboard)}")
     console.print(styled("registered: model ", (summary.name, "bold"), " version ", (str(summary.version), "bold"),
                          f" (MLflow run {summary.run_id})"))
+    if getattr(summary, "judgement", None):
+        console.print(f"judged: {summary.judgement}", markup=False, soft_wrap=True)
     if getattr(summary, "report", None):
         console.print(f"sweep report: {summary.report} (also in the MLflow run's artifacts)")
     if summary.resumed_run:

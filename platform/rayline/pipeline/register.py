@@ -25,6 +25,7 @@ class Registered:
     version: str
     test_metrics: dict
     leaderboard: list  # a sweep over model families: the best trial of each, best first; else []
+    judgement: str | None = None  # the new version against the champion on this run's test split, a line
 
 
 def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Workspace, experiment: str,
@@ -75,8 +76,17 @@ def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Wo
         )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    # The new version against the one serving, on this run's own test split (rayline/retrain/judge.py).
+    from rayline.retrain import judge_on_test_split
+
+    with fitted_to_free_cpus("register", required=False):
+        judged, why_not = judge_on_test_split(registry, spec.name, mv.version, test_metrics, data.test_rows, metric=metric,
+                                               rows=data.rows["test"], data=f"the test split of run {run_id}")
+    judgement = judged.line() if judged is not None else (why_not or None)
+    if judgement:
+        on_stage("register", "progress", "judged: " + judgement)
     on_stage("register", "done", f"model {spec.name} version {mv.version}")
-    return Registered(mv.version, test_metrics, leaderboard if len(leaderboard) > 1 else [])
+    return Registered(mv.version, test_metrics, leaderboard if len(leaderboard) > 1 else [], judgement)
 
 
 def _artifact(target: str, checkpoint_dir: str, data, spec: PipelineSpec, metrics: dict) -> str:

@@ -167,7 +167,7 @@ def run_pipeline(
         resumed_run=experiment if previous else None, leaderboard=registered.leaderboard,
         data_variants=len(prepared), report=report, tensorboard=trained.tensorboard,
         throughput=mean_throughput(winner.history), phases=phases, record_folder=folder,
-        trained_on=device,
+        trained_on=device, judgement=registered.judgement,
     )
 
 

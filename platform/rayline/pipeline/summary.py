@@ -37,3 +37,6 @@ class RunSummary:
     # rayline/train/hardware.py); None for runs recorded before workers said.
     trained_on: str | None = None
     record_folder: str | None = None  # the run's experiment folder (its record: rayline/pipeline/record.py)
+    # The new version against the serving champion on this run's test split (rayline/retrain/judge.py),
+    # or why it could not be judged; None when the model had no champion.
+    judgement: str | None = None

@@ -19,7 +19,7 @@ from typing import Optional
 from rayline.errors import DataError, RegistryError
 from rayline.registry.registered import JUDGEMENT_TAG
 
-__all__ = ["Judgement", "judge", "read_rows"]
+__all__ = ["Judgement", "judge", "judge_on_test_split", "record_judgement", "read_rows"]
 
 _READERS = {".csv": "read_csv", ".parquet": "read_parquet", ".pq": "read_parquet"}
 
@@ -122,6 +122,39 @@ def judge(ws, name: str, challenger: str, rows, *, data: str, champion: Optional
                        mode=metric_mode(metric), challenger_score=scores["challenger"],
                        champion_score=scores["champion"], min_delta=float(min_delta), rows=len(rows), data=data)
     if record:
-        entry = {**result.to_dict(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        registry.set_version_tag(name, result.challenger, JUDGEMENT_TAG, json.dumps(entry))
+        record_judgement(registry, result)
     return result
+
+
+def record_judgement(registry, judged: Judgement) -> None:
+    """The judgement on the challenger version (JUDGEMENT_TAG), with the time it was made."""
+    entry = {**judged.to_dict(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    registry.set_version_tag(judged.name, judged.challenger, JUDGEMENT_TAG, json.dumps(entry))
+
+
+def judge_on_test_split(registry, name: str, challenger: str, challenger_metrics: dict, test_rows, *, metric: str,
+                        rows: int, data: str, min_delta: float = 0.0) -> tuple[Judgement | None, str]:
+    """At registration: the new version against the champion on the run's own test split (a Ray
+    Dataset of raw labelled rows), the champion scored by rayline.evaluation.offline like the new
+    version was. Returns (the judgement, "") or (None, why none was made: "" when there is no
+    champion yet, a line when it cannot score these rows: other features, another task). Never
+    raises for the champion's sake: the version is registered already, and the run must not fail."""
+    from rayline.errors import RaylineError
+    from rayline.evaluation.offline import evaluate_rows
+    from rayline.spec import metric_mode
+
+    champion = registry.alias_version(name, "champion")
+    if champion is None or str(champion) == str(challenger):
+        return None, ""
+    try:
+        champion_metrics = evaluate_rows(registry.download(registry.resolve(name, champion)), test_rows)
+    except Exception as exc:  # noqa: BLE001 - whatever the old version cannot do, the new one stays registered
+        detail = str(exc) if isinstance(exc, RaylineError) else f"{type(exc).__name__}: {exc}"
+        return None, f"not judged: champion version {champion} could not score this run's test split ({' '.join(detail.split())[:300]})"
+    if metric not in champion_metrics or metric not in challenger_metrics:
+        return None, f"not judged: champion version {champion} has no {metric} on this run's test split"
+    judged = Judgement(name=name, challenger=str(challenger), champion=str(champion), metric=metric,
+                       mode=metric_mode(metric), challenger_score=float(challenger_metrics[metric]),
+                       champion_score=float(champion_metrics[metric]), min_delta=float(min_delta), rows=rows, data=data)
+    record_judgement(registry, judged)
+    return judged, ""
