@@ -17,6 +17,7 @@ from collections import Counter
 
 import httpx
 
+from ..ray_metrics import metrics_export_text
 from .conftest import PORT
 
 NAME = "digits"  # the session's registered digits model, here at a route of its own
@@ -27,7 +28,6 @@ REQUESTS_PER_SPLIT = 20
 def _replica_requests(app: str) -> Counter:
     """Requests each running replica of `app` answered, from Serve's counters in the Prometheus export
     (replicas of earlier applications of the same name, which other modules deployed, are left out)."""
-    import ray
     from prometheus_client.parser import text_string_to_metric_families
 
     from rayline.serve.details import serve_details
@@ -36,15 +36,12 @@ def _replica_requests(app: str) -> Counter:
     running = {r["replica_id"] for d in deployments.values() for r in d.get("replicas") or ()}
 
     found = Counter()
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        text = httpx.get(f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics", timeout=10).text
-        ours = "\n".join(line for line in text.splitlines() if line.startswith("ray_serve_deployment_request_counter")) + "\n"
-        for family in text_string_to_metric_families(ours):
-            for s in family.samples:
-                if s.labels.get("application") == app and s.name.endswith("_total") and s.labels["replica"] in running:
-                    found[s.labels["replica"]] += s.value
+    text = metrics_export_text()
+    ours = "\n".join(line for line in text.splitlines() if line.startswith("ray_serve_deployment_request_counter")) + "\n"
+    for family in text_string_to_metric_families(ours):
+        for s in family.samples:
+            if s.labels.get("application") == app and s.name.endswith("_total") and s.labels["replica"] in running:
+                found[s.labels["replica"]] += s.value
     return found
 
 

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import yaml
 
+from ..ray_metrics import metrics_export_text
 from .conftest import PORT, ROOT, run
 
 FILE_APP = "digits-keyfile"
@@ -188,10 +189,7 @@ def _mlflow_text(ws, name: str) -> str:
 
 
 def _metrics_text() -> str:
-    import ray
-
-    return "\n".join(httpx.get(f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics", timeout=10).text
-                     for n in ray.nodes() if n.get("Alive"))
+    return metrics_export_text()
 
 
 def _kv_text() -> str:
@@ -285,21 +283,16 @@ def test_missing_keys_fail_the_deployment_naming_the_variable(digits, ws):
 
 def _exported(app):
     """rayline's samples for `app` summed over the session's nodes: {(sample name, labels...): value}."""
-    import ray
     from prometheus_client.parser import text_string_to_metric_families
 
     found = Counter()
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        text = httpx.get(f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics", timeout=10).text
-        ours = "\n".join(line for line in text.splitlines() if "rayline_" in line) + "\n"
-        for family in text_string_to_metric_families(ours):
-            for s in family.samples:
-                if s.labels.get("application") != app:
-                    continue
-                key = (s.name, s.labels.get("model"), s.labels.get("version"), s.labels.get("endpoint"), s.labels.get("code"))
-                found[key] += s.value
+    ours = "\n".join(line for line in metrics_export_text().splitlines() if "rayline_" in line) + "\n"
+    for family in text_string_to_metric_families(ours):
+        for s in family.samples:
+            if s.labels.get("application") != app:
+                continue
+            key = (s.name, s.labels.get("model"), s.labels.get("version"), s.labels.get("endpoint"), s.labels.get("code"))
+            found[key] += s.value
     return found
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ..ray_metrics import metrics_export_text
 from .conftest import PORT, ROOT, pipeline_script, run
 
 import tritonclient.http as tritonhttp  # declared in pyproject.toml: a broken install fails, not skips
@@ -203,8 +204,6 @@ def test_live_traffic_is_monitored_against_the_training_statistics(text_run, ws,
     import time
     from urllib.parse import urlparse
 
-    import ray
-
     from rayline import load_model
     from rayline.serve import versions
     from rayline.serve.status import gather_status
@@ -248,8 +247,7 @@ def test_live_traffic_is_monitored_against_the_training_statistics(text_run, ws,
     # Ray's Prometheus export: the gauges per feature (exported every few seconds)
     deadline, psi = time.monotonic() + 40, {}
     while time.monotonic() < deadline and not {"channel", "account_age_days"} <= {k for k, v in psi.items() if v >= 0.25}:
-        text = "\n".join(httpx.get(f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics", timeout=10).text
-                         for n in ray.nodes() if n.get("Alive"))
+        text = metrics_export_text()
         from prometheus_client.parser import text_string_to_metric_families
 
         ours = "\n".join(line for line in text.splitlines() if "rayline_drift_psi" in line)
