@@ -254,7 +254,12 @@ def read_dataset(source):
     import ray.data
 
     if source.format == "sklearn":
-        return ray.data.from_pandas(_sklearn_frame(source.name))
+        import pyarrow as pa
+
+        # One block, its metadata computed here (`from_blocks`): `from_pandas` runs a Ray task for a
+        # block's metadata, which asks for a whole CPU and waited forever with 0.95 of 2 CPUs free
+        # while Serve replicas held the rest (the pipeline's own tasks ask for what is free).
+        return ray.data.from_blocks([pa.Table.from_pandas(_sklearn_frame(source.name), preserve_index=False)])
     if source.format == "image_folder":
         from rayline.data.image_folder import read_image_folder
 
