@@ -20,7 +20,7 @@ from rayline.console import err_console, styled
 from rayline.errors import RaylineError
 
 # Each module registers its commands on the apps when imported, in the order `rayline --help` lists them.
-from rayline.cli import run, predict, models, cluster, serve, jobs, cache  # noqa: E402,F401,I001
+from rayline.cli import run, predict, models, cluster, serve, retrain, jobs, cache  # noqa: E402,F401,I001
 
 __all__ = ["app", "main"]
 

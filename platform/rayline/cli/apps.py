@@ -41,6 +41,13 @@ cache_app = typer.Typer(help="The workspace's data cache: data stages kept to be
 app.add_typer(cache_app, name="cache")
 
 
+retrain_app = typer.Typer(help="The retrain loops that keep served models current (the spec's retrain section).",
+                          no_args_is_help=True)
+
+
+app.add_typer(retrain_app, name="retrain")
+
+
 jobs_app = typer.Typer(help="Ray Jobs on a cluster, through its Jobs API (the dashboard's address).", no_args_is_help=True)
 
 

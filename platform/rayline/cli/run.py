@@ -311,6 +311,8 @@ def print_summary(summary, spec) -> None:
                          f" (MLflow run {summary.run_id})"))
     if getattr(summary, "judgement", None):
         console.print(f"judged: {summary.judgement}", markup=False, soft_wrap=True)
+    if getattr(summary, "retrain", None):
+        console.print(summary.retrain, markup=False, soft_wrap=True)
     if getattr(summary, "report", None):
         console.print(f"sweep report: {summary.report} (also in the MLflow run's artifacts)")
     if summary.resumed_run:

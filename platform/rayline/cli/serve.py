@@ -55,6 +55,10 @@ def serve_status(
     for a in report.applications:
         if a.rollout is not None:
             console.print(rollout_line(a.name, a.rollout), soft_wrap=True)
+        if a.retrain is not None:
+            from rayline.cli.retrain import loop_line
+
+            console.print(loop_line(a.retrain), soft_wrap=True)
         for version, drift in a.monitoring.items():
             console.print(drift_line(a.model or a.name, version, drift), soft_wrap=True)
     if report.metrics_note:

@@ -33,6 +33,8 @@ def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Wo
     """Log `trained`'s trials and register its winner as model `spec.name`'s next version."""
     from rayline.data.task_cpus import fitted_to_free_cpus
     from rayline.redact import redact_uri
+    from rayline.registry import RETRAIN_TAG
+    from rayline.retrain.reason import RETRAIN_REASON_ENV
     from rayline.spec import apply_overrides, metric_mode
     from rayline.tune.leaderboard import family_leaderboard
 
@@ -71,7 +73,9 @@ def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Wo
                   "data_source": redact_uri(spec.data.source.path or spec.data.source.name or ""),
                   "experiment": experiment,
                   "trial_id": next((t.trial_id for t in trials if t.result is winner), ""),
-                  "checkpoint": redact_uri(winner.checkpoint_dir)},
+                  "checkpoint": redact_uri(winner.checkpoint_dir),
+                  # The retrain loop's reason for this run (rayline/retrain/loop.py sets it for its run).
+                  **({RETRAIN_TAG: os.environ[RETRAIN_REASON_ENV]} if os.environ.get(RETRAIN_REASON_ENV) else {})},
             input_example=data.probe_frame,  # raw test rows, bounded (PROBE_ROWS)
         )
     finally:
@@ -79,9 +83,12 @@ def register_stage(registry, run_id: str, spec: PipelineSpec, trained, *, ws: Wo
     # The new version against the one serving, on this run's own test split (rayline/retrain/judge.py).
     from rayline.retrain import judge_on_test_split
 
+    compare = spec.retrain.compare if spec.retrain else None
     with fitted_to_free_cpus("register", required=False):
-        judged, why_not = judge_on_test_split(registry, spec.name, mv.version, test_metrics, data.test_rows, metric=metric,
-                                               rows=data.rows["test"], data=f"the test split of run {run_id}")
+        judged, why_not = judge_on_test_split(registry, spec.name, mv.version, test_metrics, data.test_rows,
+                                               metric=(compare and compare.metric) or metric,
+                                               rows=data.rows["test"], data=f"the test split of run {run_id}",
+                                               min_delta=compare.min_delta if compare else 0.0)
     judgement = judged.line() if judged is not None else (why_not or None)
     if judgement:
         on_stage("register", "progress", "judged: " + judgement)

@@ -40,3 +40,4 @@ class RunSummary:
     # The new version against the serving champion on this run's test split (rayline/retrain/judge.py),
     # or why it could not be judged; None when the model had no champion.
     judgement: str | None = None
+    retrain: str | None = None  # the retrain loop this run started (the spec's retrain section), a line

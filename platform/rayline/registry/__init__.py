@@ -23,13 +23,13 @@ from).
 from __future__ import annotations
 
 from rayline.registry.downloads import Downloads
-from rayline.registry.registered import (JUDGEMENT_TAG, DEPLOYMENTS_TAG, DEPLOYMENTS_TAG_CHARS, ModelVersion, RegisteredModels,
+from rayline.registry.registered import (JUDGEMENT_TAG, RETRAIN_TAG, RETRAIN_LOOP_TAG, DEPLOYMENTS_TAG, DEPLOYMENTS_TAG_CHARS, ModelVersion, RegisteredModels,
                                          deployments_of)
 from rayline.registry.store import PREFLIGHT_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S, STORE_LOCK_TIMEOUT_S, Store, sqlite_path
 from rayline.registry.tracking import Tracking
 
 __all__ = ["ModelVersion", "Registry", "STORE_LOCK_TIMEOUT_S", "SQLITE_BUSY_TIMEOUT_S", "PREFLIGHT_TIMEOUT_S",
-           "DEPLOYMENTS_TAG", "DEPLOYMENTS_TAG_CHARS", "JUDGEMENT_TAG", "deployments_of", "sqlite_path"]
+           "DEPLOYMENTS_TAG", "DEPLOYMENTS_TAG_CHARS", "JUDGEMENT_TAG", "RETRAIN_TAG", "RETRAIN_LOOP_TAG", "deployments_of", "sqlite_path"]
 
 
 class Registry(Store, Tracking, RegisteredModels, Downloads):

@@ -48,6 +48,7 @@ class Lineage:
     metrics: dict = field(default_factory=dict)  # valid_* and test_*
     deployments: list = field(default_factory=list)  # oldest first
     judgement: Optional[dict] = None  # against the champion, when judged (rayline/retrain/judge.py)
+    retrain: Optional[dict] = None  # why the retrain loop made it: {id, trigger, detail} (rayline/retrain/loop.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,7 +84,7 @@ def lineage(ws, name: str, version: Optional[str] = None) -> Lineage:
     """The lineage of version `version` of model `name` (default: the newest) in workspace `ws`;
     a one-line RegistryError for an unknown model (naming the registered ones) or version
     (naming the model's versions)."""
-    from rayline.registry import Registry, deployments_of
+    from rayline.registry import RETRAIN_TAG, Registry, deployments_of
 
     registry = Registry(ws)
     mv, run = registry.version_details(name, version)
@@ -98,7 +99,7 @@ def lineage(ws, name: str, version: Optional[str] = None) -> Lineage:
         run_name=run.info.run_name if run else None, run_status=run.info.status if run else None,
         experiment=tags.get("experiment") or None, trial_id=tags.get("trial_id") or None,
         checkpoint=tags.get("checkpoint") or None, metrics=dict(sorted(metrics.items())),
-        deployments=deployments_of(tags), judgement=_judgement(tags),
+        deployments=deployments_of(tags), judgement=_judgement(tags), retrain=_json_tag(tags, RETRAIN_TAG),
     )
     if out.cache_key:
         from rayline.data.cache import DataCache
@@ -115,8 +116,12 @@ def lineage(ws, name: str, version: Optional[str] = None) -> Lineage:
 def _judgement(tags: dict) -> Optional[dict]:
     from rayline.registry import JUDGEMENT_TAG
 
+    return _json_tag(tags, JUDGEMENT_TAG)
+
+
+def _json_tag(tags: dict, key: str) -> Optional[dict]:
     try:
-        entry = json.loads(tags.get(JUDGEMENT_TAG) or "null")
+        entry = json.loads(tags.get(key) or "null")
     except ValueError:
         return None
     return entry if isinstance(entry, dict) else None
@@ -185,6 +190,8 @@ def lineage_lines(item: Lineage) -> list[str]:
               for prefix in ("valid_", "test_")]
     add("metrics", *([g for g in groups if g] or ["none recorded"]))
     add("deployments", *([deployment_text(d) for d in item.deployments] or ["none recorded"]))
+    if item.retrain:
+        add("retrained", f"by the retrain loop on {item.retrain.get('trigger', UNKNOWN)}: {item.retrain.get('detail', UNKNOWN)}")
     if item.judgement:
         add("judged", judgement_text(item.judgement))
     return lines

@@ -15,13 +15,17 @@ from rayline.errors import RegistryError
 from rayline.redact import redact_text
 from rayline.registry.store import one_line
 
-__all__ = ["JUDGEMENT_TAG", "DEPLOYMENTS_TAG", "DEPLOYMENTS_TAG_CHARS", "deployments_of", "ModelVersion", "RegisteredModels"]
+__all__ = ["JUDGEMENT_TAG", "RETRAIN_TAG", "RETRAIN_LOOP_TAG", "DEPLOYMENTS_TAG", "DEPLOYMENTS_TAG_CHARS", "deployments_of", "ModelVersion", "RegisteredModels"]
 
 # A version's deployments (`rayline models show`), oldest first: a JSON list of {at, action, role,
 # percent, route, app, ...} that rayline/serve appends to each time the version is given traffic.
 DEPLOYMENTS_TAG = "rayline.deployments"
 # On a challenger version: its judgement against the champion (rayline/retrain/judge.py), JSON.
 JUDGEMENT_TAG = "rayline.judgement"
+# On a version the retrain loop asked for: why (its trigger and what it saw), JSON (rayline/retrain/loop.py).
+RETRAIN_TAG = "rayline.retrain"
+# On the registered model: the retrain loop's record (state, last decision, what it has seen), JSON.
+RETRAIN_LOOP_TAG = "rayline.retrain_loop"
 # Newest entries that fit in this many characters are kept: MLflow 2+ takes 100,000 per model
 # version tag, MLflow 1.x servers 5,000 (about 30 entries of ~150 characters).
 DEPLOYMENTS_TAG_CHARS = 5000
@@ -246,6 +250,23 @@ class RegisteredModels:
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         with self._guard(f"tag model {name!r} version {version}"):
             self.client.set_model_version_tag(name, str(version), key, value)
+
+    def model_tag(self, name: str, key: str) -> str | None:
+        """Tag `key` of registered model `name`, or None (also when the model is not registered)."""
+        from mlflow.exceptions import MlflowException
+
+        with self._guard(f"read the tags of model {name!r}"):
+            try:
+                return (self.client.get_registered_model(name).tags or {}).get(key)
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                return None
+
+    def model_versions(self, name: str) -> list:
+        """Every version of model `name` as MLflow's search gives them (with their tags)."""
+        with self._guard(f"list the versions of model {name!r}"):
+            return self._versions(name)
 
     def set_model_tag(self, name: str, key: str, value: str) -> None:
         with self._guard(f"tag model {name!r}"):

@@ -327,7 +327,11 @@ class Router:
         from ray.experimental.internal_kv import _internal_kv_put
 
         routes = self.routes
-        ack = {"revision": routes.table.revision, "versions": routes.versions, "error": self.error, "at": now}
+        # The rollout's requests and errors per version in this replica: what promotes a canary that
+        # stayed within its gate (rayline/serve/routing_table.py canary_counts, the retrain loop).
+        counts = {v: [s.requests, s.errors] for v, s in self.stats.items()}
+        ack = {"revision": routes.table.revision, "versions": routes.versions, "error": self.error, "at": now,
+               "rollout": routes.table.rollout, "counts": counts}
         _internal_kv_put(ack_prefix(self.name) + self.replica_id.encode(), json.dumps(ack).encode(), overwrite=True,
                          namespace=KV_NAMESPACE)
         self._last_ack = now

@@ -12,7 +12,7 @@ from typing import Optional
 
 from rayline.errors import ServeError
 
-__all__ = ["write_routing_table", "rollout_state", "forget_replicas", "settle"]
+__all__ = ["write_routing_table", "rollout_state", "forget_replicas", "settle", "canary_counts"]
 
 
 def _kv_get(key: bytes) -> Optional[dict]:
@@ -113,6 +113,21 @@ def _running_route_replicas(name: str) -> set[str]:
         deployment = ((apps.get(app_name) or {}).get("deployments") or {}).get(f"{name}-router") or {}
         running |= {r["replica_id"] for r in deployment.get("replicas") or () if str(r.get("state")).endswith("RUNNING")}
     return running
+
+
+def canary_counts(name: str, rollout: str, version: str) -> tuple[int, int]:
+    """(requests, errors) version `version` answered in rollout `rollout` of model `name`, summed over
+    the route's running replicas as each last said (router.py's acks, at most ACK_EVERY_S old). A
+    replica that stopped takes its counts with it: the sum only ever undercounts."""
+    acks, running = _replica_acks(name), _running_route_replicas(name)
+    requests = errors = 0
+    for replica in running:
+        ack = acks.get(replica) or {}
+        if ack.get("rollout") != rollout:
+            continue
+        n, e = (ack.get("counts") or {}).get(str(version)) or (0, 0)
+        requests, errors = requests + int(n), errors + int(e)
+    return requests, errors
 
 
 def settle(table: dict, timeout_s: float = 120.0) -> None:

@@ -57,6 +57,7 @@ class AppStatus:
     rollout: Optional[dict] = None  # a routed model's split, canary gate and gate rollback (rayline/serve/versions.py)
     # version -> its drift report as its replicas last judged it (rayline/monitoring/live.py)
     monitoring: dict = field(default_factory=dict)
+    retrain: Optional[dict] = None  # a routed model's retrain loop: its state and last decision (rayline/retrain/loop.py)
 
 
 @dataclass
@@ -174,6 +175,9 @@ def gather_status(name: Optional[str] = None, *, with_metrics: bool = True, ws=N
             status.model = status.model or app_name
             if status.rollout:
                 status.versions = sorted(status.rollout.get("weights") or {}, key=int)
+            from rayline.retrain.loop import loop_status
+
+            status.retrain = loop_status(app_name)
         if status.model:
             from rayline.monitoring.live import latest_report
 

@@ -63,7 +63,7 @@ def parse_spec(raw: Any, source: str | None = None) -> PipelineSpec:
     """Validate a raw spec mapping; SpecError with every problem, one line each."""
     if not isinstance(raw, dict):
         raise SpecError([Problem(("(top level)",), "expected a mapping of spec keys", got=type(raw).__name__,
-                                 allowed="name, data, task, model, train, tune, serve")], source)
+                                 allowed=", ".join(PipelineSpec.model_fields))], source)
     try:
         return PipelineSpec.model_validate(raw)
     except ValidationError as exc:

@@ -18,6 +18,7 @@ from rayline.frameworks import BACKENDS
 from rayline.spec.common import CLASSIFICATION_METRICS, REGRESSION_METRICS, SKLEARN_DATASETS, Strict, metric_mode
 from rayline.spec.data_spec import DataSpec, PREPROCESS_KINDS, PreprocessStep, SourceSpec, SplitSpec
 from rayline.spec.problems import SpecProblem, problem
+from rayline.spec.retrain_spec import RetrainCanarySpec, RetrainCompareSpec, RetrainSpec
 from rayline.spec.serve_spec import AuthSpec, BatchingSpec, MonitoringSpec, ReplicasSpec, ResourcesSpec, ServeSpec
 from rayline.spec.space import check_space
 from rayline.spec.train_spec import ModelSpec, OptimizerSpec, TrainSpec, WorkersRange, ray_accelerator_types
@@ -41,6 +42,9 @@ __all__ = [
     "BatchingSpec",
     "MonitoringSpec",
     "AuthSpec",
+    "RetrainSpec",
+    "RetrainCompareSpec",
+    "RetrainCanarySpec",
     "PreprocessStep",
     "PREPROCESS_KINDS",
     "SKLEARN_DATASETS",
@@ -63,6 +67,8 @@ class PipelineSpec(Strict):
     train: TrainSpec = Field(default_factory=TrainSpec)
     tune: Optional[TuneSpec] = None
     serve: Optional[ServeSpec] = None
+    retrain: Optional[RetrainSpec] = Field(None, description="Keep the served model current: retrain on drift, "
+                                           "changed data or a schedule, judge, roll out as a gated canary.")
 
     @model_validator(mode="before")
     @classmethod
@@ -120,7 +126,35 @@ class PipelineSpec(Strict):
             problems = check_space(self) + check_scheduler(self)
             if problems:
                 raise SpecProblem(*problems)
+        if self.retrain is not None:
+            retrain = self._retrain_problem()
+            if retrain is not None:
+                raise retrain
         return self
+
+    def _retrain_problem(self) -> Optional[SpecProblem]:
+        """retrain against the sections it builds on: an endpoint to roll out on, drift counted there,
+        a source that can change, a metric of the task."""
+        retrain = self.retrain
+        if self.serve is None:
+            return problem("retrain", "the loop rolls each challenger out on the model's endpoint: add a serve "
+                           "section", got="retrain without serve", allowed="serve: {} (the defaults) or more")
+        if "drift" in retrain.on and not self.serve.monitoring.enabled:
+            return problem(("retrain", "on"), "drift is what the endpoint's monitoring counts, and it is off",
+                           got="drift with serve.monitoring.enabled: false",
+                           allowed="serve.monitoring.enabled: true, or on: [data_change] / [schedule]")
+        if "data_change" in retrain.on and self.data.source.format == "sklearn":
+            return problem(("retrain", "on"), f"a bundled dataset ({self.data.source.name}) never changes",
+                           got="data_change with data.source.format: sklearn",
+                           allowed="a file, folder, glob or bucket source, or on: [drift] / [schedule]")
+        metric = retrain.compare.metric
+        if metric is not None:
+            allowed = {"classification": CLASSIFICATION_METRICS, "regression": REGRESSION_METRICS,
+                       None: tuple(dict.fromkeys(CLASSIFICATION_METRICS + REGRESSION_METRICS))}[self.task]
+            if metric not in allowed:
+                return problem(("retrain", "compare", "metric"), f"unknown metric{' for ' + self.task if self.task else ''}",
+                               got=repr(metric), allowed=", ".join(allowed))
+        return None
 
     def _technique_problem(self, info) -> Optional[SpecProblem]:
         """train.precision and train.grad_accumulation against what the framework and the workers can do."""

@@ -17,6 +17,7 @@ whatever the aliases would expand to.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -32,6 +33,22 @@ MAX_VALUES = 100_000
 MAX_DEPTH = 64
 
 _MERGE = "tag:yaml.org,2002:merge"
+
+_BOOL = "tag:yaml.org,2002:bool"
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: true and false only. PyYAML follows YAML 1.1,
+    where on, off, yes, no, y and n are booleans too, so `retrain: {on: [drift]}` read as
+    `{True: [drift]}` (GitHub Actions' `on:` has the same trap). A bool field still takes "yes" or
+    "on" (pydantic reads those strings as true)."""
+
+
+_SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_SpecLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def _one_line(text: str) -> str:
@@ -121,7 +138,7 @@ def check_nodes(root: yaml.Node) -> list[Problem]:
 def load_yaml(text: str, source: str | None = None) -> Any:
     """The one YAML document in `text`, or SpecError with one line per problem."""
     try:
-        loader = yaml.SafeLoader(text)  # checks every character is printable
+        loader = _SpecLoader(text)  # checks every character is printable
     except yaml.YAMLError as exc:
         raise SpecError([_yaml_problem(exc, text)], source) from exc
     try:

@@ -1,0 +1,186 @@
+"""The closed loop (issue 39), end to end on the session's Ray and Serve: a model trained on
+distribution A serves traffic from B; its endpoint's monitoring says drifting; the retrain loop
+(a detached actor `rayline run` started) retrains on drift, and that challenger, trained on the
+same data, is judged not better by `compare.min_delta` and stays registered, not deployed; B's
+file lands in the source folder; the loop retrains on the change, the challenger beats the
+champion on the new test split, goes out as a gated canary and is promoted under steady load with
+no failed request, although the loop's process is killed while it watches the canary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+
+from ..cli import rayline
+from .conftest import run
+
+NAME = "loopy"
+ROWS = 400
+
+
+def _rows(rng, centre: float, n: int = ROWS) -> pd.DataFrame:
+    """Distribution A (centre 0) or B (centre 4): the label is x1 above the centre, x2 is noise."""
+    x1 = rng.normal(centre, 1.0, n)
+    return pd.DataFrame({"x1": x1.round(4), "x2": rng.normal(0, 1, n).round(4),
+                         "y": np.where(x1 > centre, "yes", "no")})
+
+
+def _write(frame: pd.DataFrame, folder, name: str) -> None:
+    tmp = folder.parent / f".{name}"
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, folder / name)  # the loop never reads half a file
+
+
+def _status() -> dict:
+    from rayline.retrain.loop import loop_status
+
+    return loop_status(NAME) or {}
+
+
+def _wait_for(what: str, check, timeout_s: float = 240.0):
+    """Until `check()` is truthy; the loop's status in the failure message."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: not within {timeout_s:.0f} s; loop: {json.dumps(_status(), indent=1)[-3000:]}")
+
+
+def _decision(kind: str, after: int = 0):
+    def check():
+        decisions = (_status().get("record") or {}).get("decisions") or []
+        return next((d for d in decisions[after:] if d["decision"] == kind), None)
+    return check
+
+
+@pytest.fixture(scope="module")
+def loop_run(ws, tmp_path_factory):
+    from rayline.spec import load_spec
+
+    root = tmp_path_factory.mktemp("retrain")
+    folder = root / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(7)
+    _write(_rows(rng, 0.0), folder, "a.csv")
+    spec_path = root / "loopy.yaml"
+    spec_path.write_text(f"""
+name: {NAME}
+data:
+  source: {{format: csv, path: {folder}}}
+  label: y
+  split: {{valid: 0.2, test: 0.3, seed: 0}}
+task: classification
+model: {{framework: xgboost, kind: gbdt, params: {{max_depth: 3, num_boost_round: 20}}}}
+train: {{workers: 1}}
+serve:
+  monitoring: {{window_rows: 300, min_rows: 100}}
+retrain:
+  on: [drift, data_change]
+  drift_for: 3s
+  min_interval: 1s
+  check_every: 500ms
+  compare: {{metric: accuracy, min_delta: 0.05}}
+  canary: {{percent: 50, min_requests: 20, promote_after: 120}}
+""")
+    summary = run(load_spec(spec_path), ws, spec_path=str(spec_path))
+    try:
+        yield summary, folder, rng
+    finally:
+        from rayline.retrain.loop import stop_loop
+
+        stop_loop(NAME)
+
+
+def test_drift_then_new_data_retrain_judge_and_promote_a_canary_under_load(loop_run, ws):
+    from rayline.registry import RETRAIN_TAG, Registry
+
+    summary, folder, rng = loop_run
+    assert summary.endpoint and summary.retrain.startswith(f"retrain loop of {NAME}: watching (drift, data_change")
+    registry = Registry(ws)
+    champion = summary.version
+    status = _wait_for("the loop watching", lambda: _status().get("record", {}).get("state") == "watching" and _status())
+    assert "drift:" in status["waiting"] and "data unchanged" in status["waiting"], status
+
+    # B's traffic: the endpoint's monitoring says drifting, the loop retrains on drift ...
+    b_rows = _rows(rng, 4.0)
+    instances = b_rows.drop(columns="y").to_dict("records")
+    for start in range(0, 200, 50):
+        assert httpx.post(f"{summary.endpoint}/predict", json={"instances": instances[start:start + 50]},
+                          timeout=60).status_code == 200
+    started = _wait_for("a retrain on drift", _decision("retrain"))
+    assert started["why"].startswith("drift: drifting for") and "x1 (psi" in started["why"], started
+    # ... on unchanged data: that challenger is no better than the champion by min_delta.
+    first = _wait_for("the drift retrain's version", lambda: next(
+        (mv for mv in registry.model_versions(NAME) if json.loads((mv.tags or {}).get(RETRAIN_TAG) or "{}").get("trigger") == "drift"), None))
+    # B's file lands once that run has read its data (its version is registered): the next retrain's data.
+    _write(b_rows, folder, "b.csv")
+    kept = _wait_for("the drift challenger not deployed", _decision("not_deployed"))
+    assert kept["version"] == str(first.version) and "needed >= +0.0500" in kept["why"], kept
+    judged = json.loads(registry.version_details(NAME, kept["version"])[0].tags["rayline.judgement"])
+    assert judged["champion"] == champion and not judged["qualifies"] and judged["gain"] < 0.05
+    assert registry.alias_version(NAME, "champion") == champion and registry.alias_version(NAME, "canary") is None
+
+    # The changed source: retrain, judged better on the new test split, rolled out as a canary.
+    count = len(_status()["record"]["decisions"])
+    again = _wait_for("a retrain on the new file", _decision("retrain", after=count - 1))
+    assert again["why"].startswith("data_change: the source changed"), again
+
+    # Steady load from here on: not one failed request through the canary, its promotion and the loop's restart.
+    answers, stop = [], threading.Event()
+
+    def load():
+        body = {"instances": instances[:5]}
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                try:
+                    answers.append(client.post(f"{summary.endpoint}/predict", json=body).status_code)
+                except httpx.HTTPError as exc:
+                    answers.append(repr(exc))
+                time.sleep(0.02)
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        canary = _wait_for("the canary", lambda: _status().get("record", {}).get("state") == "canary" and _status())
+        challenger = canary["record"]["current"]["version"]
+        judged = json.loads(registry.version_details(NAME, challenger)[0].tags["rayline.judgement"])
+        assert judged["qualifies"] and judged["gain"] >= 0.05 and judged["champion"] == champion, judged
+        assert registry.alias_version(NAME, "canary") == challenger
+        # The loop's process dies while it watches the canary: Ray restarts it, and it carries on.
+        os.kill(canary["pid"], signal.SIGKILL)
+        promoted = _wait_for("the promotion", _decision("promoted"))
+        assert promoted["version"] == challenger and _status()["pid"] != canary["pid"]
+        assert registry.alias_version(NAME, "champion") == challenger
+        time.sleep(1.0)  # requests on the new split after the promotion
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    failed = [a for a in answers if a != 200]
+    assert len(answers) > 150 and not failed, (len(answers), failed[:5])
+    served = httpx.post(f"{summary.endpoint}/predict", json={"instances": instances[:3]}, timeout=30)
+    assert served.headers["x-rayline-version"] == challenger
+    decisions = [d["decision"] for d in _status()["record"]["decisions"]]
+    assert decisions[-5:] == ["retrain", "not_deployed", "retrain", "canary", "promoted"], decisions
+
+    # What a user reads: the CLI's status and the stop.
+    shown = rayline("retrain", "status", NAME, "-w", str(ws.root))
+    assert shown.returncode == 0 and f"{NAME} retrain loop: watching" in shown.stdout
+    assert f"promoted version {challenger}" in shown.stdout, shown.stdout
+    stopped = rayline("retrain", "stop", NAME, "-w", str(ws.root))
+    assert stopped.returncode == 0 and "retrain loop stopped" in stopped.stdout
+    assert _status() == {}
+    missing = rayline("retrain", "status", NAME, "-w", str(ws.root))
+    assert missing.returncode != 0 and "no retrain loop runs on this cluster" in missing.stderr
