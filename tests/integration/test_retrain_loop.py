@@ -139,10 +139,16 @@ def test_drift_then_new_data_retrain_judge_and_promote_a_canary_under_load(loop_
     # Steady load from here on: not one failed request through the canary, its promotion and the loop's restart.
     answers, stop = [], threading.Event()
 
+    # Rows of A and B in turn, as the challenger was trained on: the promoted version must not drift
+    # on this traffic (a drift retrain after the promotion would be this test's own doing).
+    mixed = [row for pair in zip(_rows(rng, 0.0).drop(columns="y").to_dict("records"), instances) for row in pair]
+
     def load():
-        body = {"instances": instances[:5]}
         with httpx.Client(timeout=30) as client:
+            i = 0
             while not stop.is_set():
+                body = {"instances": mixed[i % (len(mixed) - 5):][:5]}
+                i += 5
                 try:
                     answers.append(client.post(f"{summary.endpoint}/predict", json=body).status_code)
                 except httpx.HTTPError as exc:
@@ -175,10 +181,23 @@ def test_drift_then_new_data_retrain_judge_and_promote_a_canary_under_load(loop_
     decisions = [d["decision"] for d in _status()["record"]["decisions"]]
     assert decisions[-5:] == ["retrain", "not_deployed", "retrain", "canary", "promoted"], decisions
 
+    # A bad file lands: the retrain fails, the champion keeps serving, and the same data is not retried.
+    versions_before = len(registry.model_versions(NAME))
+    count = len(_status()["record"]["decisions"])
+    _write(pd.DataFrame({"x1": ["not a number"] * 20, "x2": [0.5] * 20, "y": ["yes"] * 20}), folder, "c.csv")
+    failed = _wait_for("the failed retrain", _decision("failed", after=count))
+    assert "the run exited with code" in failed["why"] and "the champion keeps serving" in failed["why"], failed
+    assert registry.alias_version(NAME, "champion") == challenger and len(registry.model_versions(NAME)) == versions_before
+    _wait_for("the loop declining the same data", lambda: "data unchanged" in (_status().get("waiting") or ""))
+    assert [d["decision"] for d in _status()["record"]["decisions"][count:]] == ["retrain", "failed"]
+    assert httpx.post(f"{summary.endpoint}/predict", json={"instances": instances[:3]}, timeout=30).status_code == 200
+
     # What a user reads: the CLI's status and the stop.
     shown = rayline("retrain", "status", NAME, "-w", str(ws.root))
     assert shown.returncode == 0 and f"{NAME} retrain loop: watching" in shown.stdout
-    assert f"promoted version {challenger}" in shown.stdout, shown.stdout
+    assert f"promoted version {challenger}" in shown.stdout and "failed: the champion keeps serving" in shown.stdout, shown.stdout
+    status = rayline("serve", "status", NAME, "-w", str(ws.root))
+    assert status.returncode == 0 and f"{NAME} retrain loop: watching" in status.stdout, status.stdout
     stopped = rayline("retrain", "stop", NAME, "-w", str(ws.root))
     assert stopped.returncode == 0 and "retrain loop stopped" in stopped.stdout
     assert _status() == {}

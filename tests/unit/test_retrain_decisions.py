@@ -37,6 +37,10 @@ def record(**changes):
     (record(last_started=NOW - 599, drift_since=NOW - 999), "b", None, "min_interval: next retrain possible in 1 s"),
     (record(failures=2, retry_after=NOW + 30, drift_since=NOW - 999), "b", None, "backing off after 2 failed"),
     (record(state="canary", drift_since=NOW - 999), "b", None, "busy: canary"),
+    # failed 3 times in a row on data "b": drift no longer retries it ...
+    (record(failures=3, tried="b", drift_since=NOW - 999), "b", None, "3 retrains in a row failed on this data"),
+    (record(failures=2, tried="b", drift_since=NOW - 999), "b", "drift", ""),  # ... 2 times: it still does
+    (record(failures=3, tried="b", drift_since=NOW - 999), "c", "data_change", ""),  # new data: tried at once
 ])
 def test_a_retrain_is_due_only_when_a_trigger_holds_and_nothing_holds_it_back(rec, fingerprint, kind, waits_for):
     note_drift(rec, True, NOW)
@@ -160,3 +164,14 @@ def test_a_retrain_section_survives_the_run_record_round_trip():
                                            ("500ms", 0.5)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
+
+
+def test_a_failed_runs_reason_is_the_clis_error_line_not_rays_log(tmp_path):
+    from rayline.retrain.loop import _tail
+
+    log = tmp_path / "run.log"
+    log.write_text("training...\n2026 ERROR streaming_executor_state.py:745 -- Operator failed\n"
+                   "error: data.source.path: cannot read csv data 'x/data': column x1 is not a number\n\n")
+    assert _tail(str(log)) == "error: data.source.path: cannot read csv data 'x/data': column x1 is not a number"
+    log.write_text("a\nb\nKilled\n")
+    assert _tail(str(log)) == "a | b | Killed" and _tail(str(tmp_path / "none.log")) == ""

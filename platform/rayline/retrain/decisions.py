@@ -20,11 +20,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 __all__ = ["Trigger", "due", "note_drift", "backoff_s", "canary_verdict", "new_record", "add_decision",
-           "MAX_BACKOFF_S", "KEEP_DECISIONS"]
+           "MAX_BACKOFF_S", "KEEP_DECISIONS", "MAX_FAILURES_SAME_DATA"]
 
 MAX_BACKOFF_S = 24 * 3600.0  # a failing retrain is tried at least once a day
 KEEP_DECISIONS = 10  # in the record (the registry's versions keep every judgement)
 WHY_CHARS = 400
+# Retrains failed in a row on the same data after which drift and the schedule no longer retry it:
+# a failure that repeats on unchanged data (bad rows, a spec they no longer fit) waits for the data
+# to change; a passing one (a node lost mid-run) had its retries.
+MAX_FAILURES_SAME_DATA = 3
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,8 @@ def due(spec, record: dict, now: float, *, drift: Optional[dict], fingerprint: O
     """(the trigger of a retrain due now, or None; a line saying what the loop waits for).
 
     `drift`: the champion's drift report ({status, features}) or None when none is published;
-    `fingerprint`: the source's fingerprint now (None: not watched or unreadable); `trained_on`:
-    the fingerprint of the data the champion was trained on (its registry tag)."""
+    `fingerprint`: the source's fingerprint now (None: unreadable); `trained_on`: the fingerprint
+    of the data the champion was trained on (its registry tag)."""
     if record.get("state") not in (None, "watching"):
         return None, f"busy: {record.get('state')}"
     retry_after = record.get("retry_after")
@@ -68,6 +72,10 @@ def due(spec, record: dict, now: float, *, drift: Optional[dict], fingerprint: O
     if "data_change" in spec.on and fingerprint and trained_on and fingerprint != trained_on \
             and fingerprint != record.get("tried"):
         return Trigger("data_change", f"the source changed (fingerprint {trained_on[:19]} -> {fingerprint[:19]})"), ""
+    failures = int(record.get("failures") or 0)
+    if failures >= MAX_FAILURES_SAME_DATA and fingerprint is not None and fingerprint == record.get("tried"):
+        return None, (f"{failures} retrains in a row failed on this data: waiting for it to change (see the last "
+                      "failed decision)")
     since = record.get("drift_since")
     if "drift" in spec.on and since is not None and now - since >= spec.drift_for:
         alerts = [f for f in (drift or {}).get("features") or () if f.get("level") == "alert"]

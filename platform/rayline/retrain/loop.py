@@ -78,8 +78,13 @@ class RetrainLoop:
         """A second start with a changed spec: the running loop follows the new one."""
         from rayline.spec import parse_spec
 
+        spec = parse_spec(spec_raw, source=f"the retrain loop of {self.name}")
         with self._lock:
-            self.spec, self.spec_raw = parse_spec(spec_raw, source=f"the retrain loop of {self.name}"), spec_raw
+            if spec_raw != self.spec_raw and self.record.get("failures"):
+                # A changed spec may be the fix for what failed: its retrains are tried afresh.
+                self.record.update(failures=0, retry_after=None, tried=None)
+                self._save()
+            self.spec, self.spec_raw = spec, spec_raw
 
     def stop(self, why: str = "stopped") -> None:
         """Stop for good: a running retrain is terminated, the record says stopped, the actor exits
@@ -183,20 +188,20 @@ class RetrainLoop:
             note_drift(self.record, bool(drift) and drift.get("status") == "drifting", now)
             if before != self.record.get("drift_since"):
                 self._save()
-        fingerprint = trained_on = None
-        if "data_change" in retrain.on:
-            from rayline.data.fingerprint import fingerprint as source_fingerprint
+        from rayline.data.fingerprint import fingerprint as source_fingerprint
 
-            try:
-                fingerprint = source_fingerprint(self.spec.data.source)
-            except Exception as exc:  # noqa: BLE001 - an unreadable source is said, and looked at again
-                self.waiting = f"the source cannot be read: {' '.join(str(exc).split())[:300]}"
-                fingerprint = None
+        # Always: a failed retrain remembers the data it failed on (decisions.py, MAX_FAILURES_SAME_DATA).
+        trained_on, unreadable = None, ""
+        try:
+            fingerprint = source_fingerprint(self.spec.data.source)
+        except Exception as exc:  # noqa: BLE001 - an unreadable source is said, and looked at again
+            fingerprint, unreadable = None, f"the source cannot be read: {' '.join(str(exc).split())[:300]}"
+        if "data_change" in retrain.on:
             mv, _ = registry.version_details(self.name, champion)
             trained_on = (mv.tags or {}).get("data_fingerprint")
         trigger, waiting = due(retrain, self.record, now, drift=drift, fingerprint=fingerprint, trained_on=trained_on)
         if trigger is None:
-            self.waiting = waiting or "watching"
+            self.waiting = "; ".join(w for w in (waiting, unreadable) if w) or "watching"
             return
         current = {"id": uuid.uuid4().hex[:12], **trigger.to_dict(), "started": now, "fingerprint": fingerprint,
                    "champion": champion, "version": None, "rollout": None}
@@ -263,6 +268,7 @@ class RetrainLoop:
             self.waiting = f"retraining ({current['trigger']}), {now - current['started']:.0f} s"
             return
         self.proc = None
+        current["run_done"] = now  # the phases of a retrain (benchmarks/retrain_loop.py)
         if code != 0:
             return self._failed(now, f"the run exited with code {code}: {_tail(current.get('log'))}")
         version = self._find_version(current["id"])
@@ -275,7 +281,7 @@ class RetrainLoop:
         wait = backoff_s(failures, self.spec.retrain.min_interval)
         self.record.update(state="watching", failures=failures, retry_after=now + wait,
                            tried=(self.record.get("current") or {}).get("fingerprint"), current=None)
-        self._decide("failed", f"{why} (the champion keeps serving; next try in {wait:.0f} s)", None)
+        self._decide("failed", f"the champion keeps serving, next try in {wait:.0f} s; {why}", None)
         self._save()
 
     def _judged(self, version: str, now: float) -> None:
@@ -308,6 +314,7 @@ class RetrainLoop:
         from rayline.serve.routing_table import rollout_state
 
         current["rollout"] = (rollout_state(self.name) or {}).get("rollout")
+        current["canary_at"] = time.time()
         self.record["state"] = "canary"
         self._decide("canary", f"{line}; {canary.percent}% of traffic, promoted after {canary.promote_after} "
                                f"requests within max_error_rate {canary.max_error_rate:g}", version)
@@ -360,10 +367,12 @@ def _tail(path: Optional[str]) -> str:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             fh.seek(max(0, fh.tell() - 4 * _TAIL_CHARS))
-            lines = [line for line in fh.read().decode("utf-8", "replace").splitlines() if line.strip()]
+            lines = [line.strip() for line in fh.read().decode("utf-8", "replace").splitlines() if line.strip()]
     except OSError:
         return ""
-    return " | ".join(lines[-4:])[-_TAIL_CHARS:]
+    # The CLI's own one-line error says what went wrong; Ray's log lines before it rarely do.
+    said = [line for line in lines if line.startswith("error:")]
+    return (said[-1] if said else " | ".join(lines[-3:]))[-_TAIL_CHARS:]
 
 
 # ---------------------------------------------------------------- the driver's side
