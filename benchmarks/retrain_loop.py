@@ -170,7 +170,7 @@ def _side(loop: bool, ws, root: Path, rng, args) -> dict:
             judged = json.loads((mv.tags or {}).get(JUDGEMENT_TAG) or "{}")
             if not judged.get("qualifies"):
                 raise SystemExit(f"by hand: the challenger does not qualify: {judged}")
-            deploy(name, str(mv.version), ws=ws, canary_percent=50,
+            deploy(name, str(mv.version), ws=ws, canary_percent=50, port=PORT,
                    gate={"max_error_rate": 0.05, "max_p99_ms": None, "min_requests": 20})
             t["canary"] = time.time()
             rollout = rollout_state(name)["rollout"]
@@ -182,6 +182,11 @@ def _side(loop: bool, ws, root: Path, rng, args) -> dict:
         codes = load.stop()
         if loop:
             stop_loop(name)
+        from ray import serve
+
+        for app in list(serve.status().applications):  # the other side gets the CPUs this one's replicas held
+            if app == name or app.startswith(f"{name}-"):
+                serve.delete(app)
     failed = [c for c in codes if c != 200]
     return {"outcome": outcome, "requests": len(codes), "failed": len(failed), "t": t}
 

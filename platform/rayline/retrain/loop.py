@@ -310,7 +310,10 @@ class RetrainLoop:
         from rayline.serve.versions import deploy
 
         canary = self.spec.retrain.canary
-        deploy(self.name, version, ws=self.ws, canary_percent=canary.percent, gate=canary.gate())
+        from rayline.serve.address import running_serve_http
+
+        host, port = running_serve_http() or ("127.0.0.1", 8000)  # the champion's Serve: where the canary goes too
+        deploy(self.name, version, ws=self.ws, canary_percent=canary.percent, gate=canary.gate(), host=host, port=port)
         from rayline.serve.routing_table import rollout_state
 
         current["rollout"] = (rollout_state(self.name) or {}).get("rollout")
