@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 from ..cli import rayline
+from ..ray_metrics import metrics_export_text
 from .conftest import run
 
 NAME = "loopy"
@@ -191,6 +192,23 @@ def test_drift_then_new_data_retrain_judge_and_promote_a_canary_under_load(loop_
     _wait_for("the loop declining the same data", lambda: "data unchanged" in (_status().get("waiting") or ""))
     assert [d["decision"] for d in _status()["record"]["decisions"][count:]] == ["retrain", "failed"]
     assert httpx.post(f"{summary.endpoint}/predict", json={"instances": instances[:3]}, timeout=30).status_code == 200
+
+    # Prometheus: a counter per decision, exported by the loop's node (every 2 s in the session's Ray).
+    def exported():
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = "\n".join(line for line in metrics_export_text().splitlines() if "rayline_retrain_decisions" in line)
+        counts = {}
+        for family in text_string_to_metric_families(text + "\n"):
+            for sample in family.samples:
+                if sample.labels.get("model") == NAME and sample.name.endswith("_total"):
+                    decision = sample.labels.get("decision")
+                    counts[decision] = counts.get(decision, 0) + sample.value
+        return counts if counts.get("failed") and counts.get("promoted") else None
+
+    counted = _wait_for("the decisions in the metrics export", exported, 60)
+    # Summed over the loop's processes (it was restarted once): one promotion, the failure after it.
+    assert counted["promoted"] == 1 and counted["failed"] >= 1, counted
 
     # What a user reads: the CLI's status and the stop.
     shown = rayline("retrain", "status", NAME, "-w", str(ws.root))

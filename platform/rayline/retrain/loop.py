@@ -210,7 +210,15 @@ class RetrainLoop:
             self.record["next_schedule"] = now + retrain.every
         self._decide("retrain", f"{trigger.kind}: {trigger.detail}", None)
         self._save()
-        self._start_run(current)
+        self._start_or_fail(current, now)
+
+    def _start_or_fail(self, current: dict, now: float) -> None:
+        # A run that cannot even start (the workspace unwritable, no python) is a failed retrain,
+        # backed off like one, not a state the next look would try again every second.
+        try:
+            self._start_run(current)
+        except Exception as exc:  # noqa: BLE001 - see above
+            self._failed(now, f"the run could not start: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
 
     def _spec_file(self) -> str:
         import yaml
@@ -260,7 +268,7 @@ class RetrainLoop:
                     self.waiting = f"retraining ({current['trigger']}), pid {pid} (started before a restart)"
                     return
                 self._decide("resumed", "the loop restarted while retraining and found no new version: retraining again", None)
-                self._start_run(current)
+                self._start_or_fail(current, now)
                 return
             return self._judged(version, now)
         code = self.proc.poll()
@@ -313,7 +321,12 @@ class RetrainLoop:
         from rayline.serve.address import running_serve_http
 
         host, port = running_serve_http() or ("127.0.0.1", 8000)  # the champion's Serve: where the canary goes too
-        deploy(self.name, version, ws=self.ws, canary_percent=canary.percent, gate=canary.gate(), host=host, port=port)
+        try:
+            deploy(self.name, version, ws=self.ws, canary_percent=canary.percent, gate=canary.gate(), host=host, port=port)
+        except Exception as exc:  # noqa: BLE001 - no CPUs for its replica, Serve gone: decided once, backed off
+            detail = ' '.join(str(exc).split())[:300]
+            self._failed(now, f"version {version} qualified ({line}) but its canary could not start: {detail}")
+            return
         from rayline.serve.routing_table import rollout_state
 
         current["rollout"] = (rollout_state(self.name) or {}).get("rollout")

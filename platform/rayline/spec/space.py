@@ -67,6 +67,7 @@ NOT_TUNABLE = {
     "data": "the data is read and split once for the whole sweep, so that trials compare on the same rows "
             "(only data.preprocess is tunable)",
     "serve": "serving settings do not change the trained model",
+    "retrain": "when the served model retrains does not change the trained model",
     "tune": "the sweep's own settings are not tunable",
     "name": "one sweep registers one model name",
     "task": "one sweep solves one task",
