@@ -440,13 +440,19 @@ def loop_status(name: str, restart_wait_s: float = 60.0) -> Optional[dict]:
 def stop_loop(name: str, why: str = "stopped") -> bool:
     """Stop model `name`'s loop; False when it has none running."""
     import ray
-    from ray.exceptions import RayActorError
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    from rayline.errors import ServeError
 
     handle = _handle(name)
     if handle is None:
         return False
     try:
-        ray.get(handle.stop.remote(why), timeout=60)
+        ray.get(handle.stop.remote(why), timeout=120)
     except RayActorError:
         pass  # exit_actor ends the call this way
+    except GetTimeoutError:
+        # The call stays queued: the loop stops once its current step (a canary's deploy) is done.
+        raise ServeError(f"model {name}: the retrain loop is still finishing its current step after 120 s; it stops "
+                         f"when that is done (see `rayline retrain status {name}`)") from None
     return True
