@@ -81,7 +81,8 @@ def oip_route(name: str) -> str:
 
 
 def ack_prefix(name: str) -> bytes:
-    """Keys `PREFIX + replica id`: {"revision", "versions", "error", "at"} of each route replica."""
+    """Keys `PREFIX + replica id`: {"revision", "versions", "error", "at", "rollout", "counts"} of each
+    route replica (counts: version -> [requests, errors] in this rollout)."""
     return f"rayline/routing/{name}/replicas/".encode()
 
 

@@ -175,9 +175,8 @@ def gather_status(name: Optional[str] = None, *, with_metrics: bool = True, ws=N
             status.model = status.model or app_name
             if status.rollout:
                 status.versions = sorted(status.rollout.get("weights") or {}, key=int)
-            from rayline.retrain.loop import loop_status
-
-            status.retrain = loop_status(app_name)
+            # A loop Ray is restarting is waited for briefly: status answers, the loop's line may be missing.
+            status.retrain = _loop_status(app_name)
         if status.model:
             from rayline.monitoring.live import latest_report
 
@@ -187,6 +186,17 @@ def gather_status(name: Optional[str] = None, *, with_metrics: bool = True, ws=N
                     status.monitoring[version] = report
         out.append(status)
     return ServeStatusReport(out, note)
+
+
+def _loop_status(name: str) -> Optional[dict]:
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    from rayline.retrain.loop import loop_status
+
+    try:
+        return loop_status(name, restart_wait_s=5.0)
+    except (RayActorError, GetTimeoutError):
+        return None
 
 
 def _text(value) -> str:
