@@ -22,7 +22,7 @@ from rayline.errors import RaylineError
 # Each module registers its commands on the apps when imported, in the order `rayline --help` lists them.
 from rayline.cli import run, predict, models, cluster, serve, retrain, jobs, cache  # noqa: E402,F401,I001
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "entry"]
 
 
 def _debug() -> bool:
@@ -93,3 +93,34 @@ def main() -> None:
             err_console.print(styled(("internal error:", "red"), shown(f" {type(exc).__name__}: {exc}"),
                                      " (set RAYLINE_DEBUG=1 for the traceback, and please report it)"))
         sys.exit(1)
+
+
+def entry() -> None:
+    """The process's entry point (`rayline`, `python -m rayline.cli`): `main`, then a prompt exit.
+
+    After `main` the process ends as Python would end it (non-daemon threads joined, atexit handlers
+    run, the standard streams flushed) but without the interpreter's finalization, which tore down
+    Ray's core worker, torch, Arrow and some thousand modules for 1.8-2.3 s after `rayline run` had
+    printed its last line (2-core box, 2026-11-29). `main` itself returns, for callers in a process
+    that goes on (tests/cli.py)."""
+    import atexit
+    import threading
+
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)  # sys.exit("message"), as Python prints it
+        code = 1
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed pipe: nothing more to say on it
+    os._exit(code or 0)

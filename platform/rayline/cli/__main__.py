@@ -1,5 +1,5 @@
 """`python -m rayline.cli`: the `rayline` command."""
 
-from rayline.cli import main
+from rayline.cli import entry
 
-main()
+entry()
