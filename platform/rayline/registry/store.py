@@ -198,6 +198,9 @@ class Store:
             yield
             return
         try:
+            from rayline.registry.store_template import seed_new_store
+
+            seed_new_store(db)  # a copy of an empty store, not MLflow's ~50 migrations run again
             yield
             with contextlib.suppress(OSError):
                 st = os.stat(db)
