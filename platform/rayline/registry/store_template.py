@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import sqlite3
 import time
 from pathlib import Path
 
+from rayline.files import atomic_path
+from rayline.registry.store import STORE_LOCK_TIMEOUT_S
+
 __all__ = ["seed_new_store", "template_path"]
 
 _log = logging.getLogger(__name__)
-
-# Under the same lock a workspace's store is created with (registry/store.py's STORE_LOCK_TIMEOUT_S).
-_LOCK_TIMEOUT_S = 60.0
 
 
 def template_path() -> Path:
@@ -50,14 +49,9 @@ def seed_new_store(db: Path) -> bool:
         return False
     try:
         template = _template()
-        partial = db.with_name(f".{db.name}.{os.getpid()}.seeding")
-        try:
+        with atomic_path(db) as partial:
             shutil.copyfile(template, partial)
             _make_own(partial)
-            os.replace(partial, db)
-        finally:
-            with contextlib.suppress(OSError):
-                partial.unlink()
         return True
     except Exception as exc:  # noqa: BLE001 - a faster path only: MLflow creates the store as before
         _log.debug("no template for the new tracking store %s: %s", db, exc)
@@ -72,18 +66,12 @@ def _template() -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(path) + ".lock", timeout=_LOCK_TIMEOUT_S):
+    with filelock.FileLock(str(path) + ".lock", timeout=STORE_LOCK_TIMEOUT_S):
         if path.exists():
             return path
-        building = path.with_name(f".{path.name}.{os.getpid()}.building")
-        with contextlib.suppress(OSError):
-            building.unlink()
-        try:
+        with atomic_path(path) as building:
+            building.unlink(missing_ok=True)  # a killed build's leftover under this pid: MLflow would migrate it
             _create_with_mlflow(building)
-            os.replace(building, path)
-        finally:
-            with contextlib.suppress(OSError):
-                building.unlink()
     return path
 
 
