@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from rayline.registry.store import Store
+from rayline.registry.store import STORE_LOCK_TIMEOUT_S, Store
 from rayline.registry.store_template import seed_new_store, template_path
 from rayline.workspace import workspace
 
@@ -57,7 +57,7 @@ def test_a_template_that_is_not_a_store_is_not_copied_and_mlflow_creates_the_sto
     template_path().write_bytes(b"not a database")
     db = tmp_path / "ws" / "mlflow.db"
     db.parent.mkdir()
-    assert seed_new_store(db) is False
+    assert seed_new_store(db, STORE_LOCK_TIMEOUT_S) is False
     assert os.listdir(db.parent) == []  # no half-copied file left
     store = Store(workspace(tmp_path / "ws").ensure())
     assert _experiments(db)[0][:2] == (0, "Default") and store.client.search_experiments()
@@ -66,5 +66,5 @@ def test_a_template_that_is_not_a_store_is_not_copied_and_mlflow_creates_the_sto
 def test_an_existing_store_is_never_overwritten(cache, tmp_path):
     db = tmp_path / "mlflow.db"
     db.write_bytes(b"a user's store")
-    assert seed_new_store(db) is False
+    assert seed_new_store(db, STORE_LOCK_TIMEOUT_S) is False
     assert db.read_bytes() == b"a user's store"

@@ -200,7 +200,7 @@ class Store:
         try:
             from rayline.registry.store_template import seed_new_store
 
-            seed_new_store(db)  # a copy of an empty store, not MLflow's ~50 migrations run again
+            seed_new_store(db, STORE_LOCK_TIMEOUT_S)  # a copy of an empty store, not MLflow's ~50 migrations run again
             yield
             with contextlib.suppress(OSError):
                 st = os.stat(db)

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from rayline.files import atomic_path
-from rayline.registry.store import STORE_LOCK_TIMEOUT_S
 
 __all__ = ["seed_new_store", "template_path"]
 
@@ -41,14 +40,15 @@ def template_path() -> Path:
     return user_cache_dir() / "mlflow-stores" / f"empty-{mlflow.__version__}.db"
 
 
-def seed_new_store(db: Path) -> bool:
+def seed_new_store(db: Path, lock_timeout_s: float) -> bool:
     """Make the new SQLite store `db` (which must not exist yet) a copy of the empty template,
-    building the template first if this machine has none. True when `db` was seeded; False when
-    MLflow is left to create it (any error here, logged at debug level)."""
+    building the template first if this machine has none, waiting at most `lock_timeout_s` for
+    another process building it. True when `db` was seeded; False when MLflow is left to create it
+    (any error here, logged at debug level)."""
     if db.exists():
         return False
     try:
-        template = _template()
+        template = _template(lock_timeout_s)
         with atomic_path(db) as partial:
             shutil.copyfile(template, partial)
             _make_own(partial)
@@ -58,7 +58,7 @@ def seed_new_store(db: Path) -> bool:
         return False
 
 
-def _template() -> Path:
+def _template(lock_timeout_s: float) -> Path:
     """The empty store, built under a file lock by the first process that needs it."""
     import filelock
 
@@ -66,7 +66,7 @@ def _template() -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(path) + ".lock", timeout=STORE_LOCK_TIMEOUT_S):
+    with filelock.FileLock(str(path) + ".lock", timeout=lock_timeout_s):
         if path.exists():
             return path
         with atomic_path(path) as building:
