@@ -306,7 +306,7 @@ def test_workers_that_cannot_be_placed_fail_within_the_deadline(ray_session, ws,
     from rayline.train.run import START_RETRIES, train
 
     monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "5")  # reaches the Train controller
-    spec = parse_spec(_spec("irisblocked"))
+    spec = parse_spec(_spec("irisblocked", in_process="never"))  # a worker group, which must be placed
     from rayline.data import prepare_data
 
     data = prepare_data(spec)

@@ -61,7 +61,8 @@ def test_a_killed_controllers_placement_group_is_freed_and_the_next_run_gets_its
 
         raw = {"name": "orphans-iris", "data": {"source": IRIS, "label": "target"}, "task": "classification",
                "model": {"framework": "xgboost", "kind": "gbdt", "params": {"max_depth": 2, "num_boost_round": 4}},
-               "train": {"workers": 1, "epochs": 1}}
+               # A Train worker group, whose CPUs the leaked group held (one in process would need none).
+               "train": {"workers": 1, "epochs": 1, "in_process": "never"}}
         summary = run(parse_spec(raw), ws, deploy=False)
         assert summary.version
         assert _state(leaked) == "REMOVED"

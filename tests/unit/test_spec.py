@@ -216,7 +216,7 @@ def test_problems_carry_their_parts():
     assert info.value.details == [
         Problem(("train", "epocs"), "unknown key", got="'epocs'",
                 allowed="workers, use_gpu, use_tpu, cpus_per_worker, resources_per_worker, accelerator_type, tpu_topology, "
-                        "epochs, batch_size, optimizer, metric, max_failures, precision, grad_accumulation, strategy, grad_compression, in_memory",
+                        "epochs, batch_size, optimizer, metric, max_failures, in_process, precision, grad_accumulation, strategy, grad_compression, in_memory",
                 hint="epochs"),
         Problem(("serve", "replicas", "max"), "must be >= min", got="max=2, min=3"),
     ]
@@ -242,4 +242,4 @@ def test_odd_keys_are_quoted_so_every_problem_is_one_line(key, shown):
         parse_spec(_mutated(lambda d: d["train"].update({key: 1})))
     assert info.value.problems == [f"train{shown}: unknown key (got {key!r}; allowed: workers, use_gpu, use_tpu, "
                                    f"cpus_per_worker, resources_per_worker, accelerator_type, tpu_topology, "
-                                   f"epochs, batch_size, optimizer, metric, max_failures, precision, grad_accumulation, strategy, grad_compression, in_memory)"]
+                                   f"epochs, batch_size, optimizer, metric, max_failures, in_process, precision, grad_accumulation, strategy, grad_compression, in_memory)"]

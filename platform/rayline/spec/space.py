@@ -63,6 +63,8 @@ NOT_TUNABLE = {
     "train.max_failures": "fault tolerance is set once for the whole sweep; set it outside tune.space",
     "train.strategy": "ddp and fsdp train the same model (sharding changes memory and speed, not the result); "
                       "set it outside tune.space",
+    "train.in_process": "where a trial trains (its own process or a Train worker group) changes speed and fault "
+                        "tolerance, not the model; set it outside tune.space",
     "train.in_memory": "how a worker holds its shard changes speed, not the model; set it outside tune.space",
     "data": "the data is read and split once for the whole sweep, so that trials compare on the same rows "
             "(only data.preprocess is tunable)",

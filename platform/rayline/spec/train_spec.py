@@ -208,6 +208,11 @@ class TrainSpec(Strict):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     metric: Optional[str] = Field(None, description="Validation metric choosing the best checkpoint and trial.")
     max_failures: int = Field(2, ge=0, description="Worker-group restarts from the latest checkpoint.")
+    in_process: Literal["auto", "never"] = Field(
+        "auto", description="auto: a run of one CPU worker on a one-node Ray trains in the driver's process (a trial's, "
+                            "in a sweep), without Ray Train's controller and worker processes (13 s less per run); "
+                            "max_failures retries a failed attempt there, but the process's own death ends the run "
+                            "(--resume goes on). never: always a Train worker group (rayline/train/in_process.py).")
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="Training arithmetic: bf16 (CPU and GPU) or fp16 (GPU, with loss scaling) mixed precision; "
                             "weights and checkpoints stay fp32. torch and tensorflow.")

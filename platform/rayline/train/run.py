@@ -10,6 +10,7 @@ from rayline.errors import InterruptedRun, TrainingError
 from rayline.train.resources import ResourcePlan
 from rayline.spec.pipeline_spec import PipelineSpec, metric_mode
 from rayline.train.backend import load_backend
+from rayline.train.in_process import fit_in_process, runs_in_process
 from rayline.storage import join, list_names, read_json
 from rayline.train.loop import STREAMED, read_state
 from rayline.train.splits import ARRAYS_KEY
@@ -133,6 +134,12 @@ def train(
     if arrays:
         config[ARRAYS_KEY] = arrays
     datasets = {name: split for name, split in datasets_of(data).items() if name not in arrays}
+    if runs_in_process(spec, plan):
+        # One CPU worker on a one-node Ray: here, without Train's controller and worker processes.
+        _fit_in_process_interruptible(backend, config, datasets=datasets, storage_path=storage_path, run_name=run_name,
+                                      checkpoint_config=run_config.checkpoint_config, callbacks=callbacks,
+                                      max_failures=spec.train.max_failures)
+        return locate_best(join(storage_path, run_name), metric, mode)
     trainer = without_train_cleaner(without_dataset_manager(backend.make_trainer(
         loop_config=config,
         scaling_config=scaling,
@@ -221,6 +228,35 @@ def _fit_interruptible(trainer, run_dir: str):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
+
+
+def _fit_in_process_interruptible(backend, config: dict, **kwargs) -> None:
+    """rayline.train.in_process's fit, raising InterruptedRun on Ctrl-C as `_fit_interruptible` does:
+    on the main thread the loop runs on a helper thread, which stops at its next report."""
+    run_dir = join(kwargs["storage_path"], kwargs["run_name"])
+    os.environ.update(backend.worker_env())  # what the worker group's runtime_env would have set (before the framework's import)
+    if threading.current_thread() is not threading.main_thread():
+        fit_in_process(backend.train_loop, config, **kwargs)
+        return
+    stop = threading.Event()
+    outcome: dict = {}
+
+    def fit():
+        try:
+            fit_in_process(backend.train_loop, config, stop=stop, **kwargs)
+        except BaseException as exc:  # handed to the main thread below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=fit, name="rayline-train-in-process", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+    except KeyboardInterrupt as exc:
+        stop.set()
+        raise InterruptedRun(f"training interrupted; its latest checkpoint is saved in {run_dir}") from exc
+    if "error" in outcome:
+        raise outcome["error"]
 
 
 def _is_start_timeout(exc) -> bool:

@@ -72,6 +72,7 @@ def train_with_handoff(spec, data, *, storage_path: str, trial_id: str, plan, se
     from ray import tune
 
     from rayline.train.run import train
+    from rayline.train.in_process import runs_in_process
     from rayline.tune.relay import train_relaying_reports
 
     handoff = _restored_handoff()
@@ -99,7 +100,7 @@ def train_with_handoff(spec, data, *, storage_path: str, trial_id: str, plan, se
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    train_relaying_reports(run_train, scale=scale, report=report, name=trial_id)
+    train_relaying_reports(run_train, scale=scale, report=report, name=trial_id, in_process=runs_in_process(spec, plan))
 
 
 def trial_runs(runs_dir: str, trial_id: str) -> list[tuple[str, int]]:

@@ -19,6 +19,7 @@ previous one, so training stays in step with Tune's decisions (ASHA, median stop
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Callable
 
@@ -31,9 +32,10 @@ CHECKPOINT_PATH_KEY = "checkpoint_path"
 _DONE = "__rayline_train_done__"
 
 
-def relay_callback(queue, scale: float):
-    """A Train callback (it runs in the Train controller) passing each report, (metrics with the
-    scheduler's clock `TIME_ATTR` added, Train checkpoint path or None), to the trial function."""
+def relay_callback(put: Callable[[tuple], None], scale: float):
+    """A Train callback (it runs in the Train controller, or in this process for a run in process)
+    passing each report, (metrics with the scheduler's clock `TIME_ATTR` added, Train checkpoint path
+    or None), to `put`."""
     from ray.train.v2.api.callback import UserCallback
 
     class Relay(UserCallback):
@@ -42,44 +44,77 @@ def relay_callback(queue, scale: float):
             if "epoch" in row:
                 units = int(row["epoch"]) + 1
                 row[TIME_ATTR] = units * scale if scale != 1 else units
-            # Blocks while the trial function is still reporting the previous one.
-            queue.put((row, checkpoint.path if checkpoint else None))
+            put((row, checkpoint.path if checkpoint else None))
 
     return Relay()
 
 
 def train_relaying_reports(run_train: Callable[[list], object], *, scale: float,
-                           report: Callable[[dict, str | None], None], name: str) -> None:
+                           report: Callable[[dict, str | None], None], name: str, in_process: bool = False) -> None:
     """`run_train(callbacks)` (a Train run given these Train callbacks) on a helper thread;
     `report(metrics, train_checkpoint_path)` called on this thread for each of its reports, in
     order; returns after the last, raising what the Train run raised. A stop from Tune ends this
-    thread inside `report` (SystemExit); the Train run then ends with the trial's actor."""
-    from ray.util.queue import Empty, Queue
+    thread inside `report` (SystemExit); the Train run then ends with the trial's actor.
 
-    queue = Queue(maxsize=1, actor_options={"num_cpus": 0})
+    `in_process`: the Train run trains in this process, on the helper thread
+    (rayline/train/in_process.py): its reports come through a queue of this process, and a stop from
+    Tune also stops that training at its next report (Tune may reuse this actor for another trial)."""
+    stop = threading.Event()
+    if in_process:
+        import queue as queue_module
+
+        queue, Empty = queue_module.Queue(maxsize=1), queue_module.Empty
+        put = functools.partial(_put_until_stopped, queue, stop)
+    else:
+        from ray.util.queue import Empty, Queue
+
+        queue = Queue(maxsize=1, actor_options={"num_cpus": 0})
+        put = queue.put  # blocks while the trial function is still reporting the previous one
     failures: list[BaseException] = []
 
     def fit():
         try:
-            run_train([relay_callback(queue, scale)])
+            run_train([relay_callback(put, scale)])
         except BaseException as exc:  # raised on the trial function's thread below
             failures.append(exc)
         finally:
-            queue.put(_DONE)
+            if not stop.is_set():
+                put(_DONE)
 
     thread = threading.Thread(target=fit, name=f"rayline-train-{name}", daemon=True)
     thread.start()
-    while True:
-        try:
-            item = queue.get(timeout=1.0)
-        except Empty:
-            if not thread.is_alive() and queue.empty():
+    try:
+        while True:
+            try:
+                item = queue.get(timeout=1.0)
+            except Empty:
+                if not thread.is_alive() and queue.empty():
+                    break
+                continue
+            if item == _DONE:
                 break
-            continue
-        if item == _DONE:
-            break
-        metrics, path = item
-        report(metrics, path)
+            metrics, path = item
+            report(metrics, path)
+    except BaseException:
+        stop.set()  # a stop from Tune (SystemExit), or Ctrl-C: the training in this process ends too
+        raise
     thread.join()
     if failures:
         raise failures[0]
+
+
+def _put_until_stopped(queue, stop: threading.Event, item) -> None:
+    """Put `item` in this process's one-slot queue, waiting while the trial function reports the previous
+    one; raise InProcessAborted once the trial function is gone (`stop`)."""
+    import queue as queue_module
+
+    from rayline.train.in_process import InProcessAborted
+
+    while True:
+        if stop.is_set():
+            raise InProcessAborted("the trial stopped")
+        try:
+            queue.put(item, timeout=0.5)
+            return
+        except queue_module.Full:
+            continue

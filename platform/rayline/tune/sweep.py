@@ -138,6 +138,7 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
         train_with_handoff(spec, data, storage_path=storage_path, trial_id=trial_id, plan=plan,
                            search_paths=search_paths, scale=scale)
         return
+    from rayline.train.in_process import runs_in_process
     from rayline.tune.relay import CHECKPOINT_PATH_KEY, train_relaying_reports
 
     # The Train run's name is the trial's id: a trial resumed after an interruption
@@ -152,7 +153,7 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
         tune.report({**metrics, CHECKPOINT_PATH_KEY: path} if path else metrics)
 
     # Not Tune's TuneReportCallback: its last report can deadlock the trial (rayline/tune/relay.py).
-    train_relaying_reports(run_train, scale=scale, report=report, name=trial_id)
+    train_relaying_reports(run_train, scale=scale, report=report, name=trial_id, in_process=runs_in_process(spec, plan))
 
 
 def tune_pipeline(
