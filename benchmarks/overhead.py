@@ -20,7 +20,9 @@ Sections, each run here, in one process tree, and printed as a ratio:
 - **job**: the same pipeline on `--small-rows` rows, the whole job: the hand script's process
   start to exit (torch import, gloo init, training, one checkpoint) against `rayline run
   --no-serve` in a fresh process (CLI import, embedded Ray start and stop, data, train,
-  register), with rayline's own per-phase seconds.
+  register), with rayline's own per-phase seconds. With `--workers 1` the run trains in rayline's
+  own process (`train.in_process: auto`), and the same run in a Train worker group
+  (`train.in_process: never`) is a second row.
 - **xgboost**: the 1M-row churn CSV of benchmarks/data_stage.py (impute, one-hot, scale, xgboost
   10 rounds on 2 workers), the whole job: pandas + sklearn + xgboost in one process against
   `rayline run --no-serve` with its own embedded Ray, and against a head `rayline cluster up`
@@ -68,7 +70,8 @@ def churn_like(path: Path, rows: int, seed: int = 0) -> Path:
     return path
 
 
-def spec_dict(data: Path, args, epochs: int, framework: str = "torch", workers: int | None = None) -> dict:
+def spec_dict(data: Path, args, epochs: int, framework: str = "torch", workers: int | None = None,
+              in_process: str = "auto") -> dict:
     return {
         "name": "bench-overhead",
         "data": {"source": {"format": "csv", "path": str(data)}, "label": "churn",
@@ -77,7 +80,7 @@ def spec_dict(data: Path, args, epochs: int, framework: str = "torch", workers: 
         "task": "classification",
         "model": {"framework": framework, "kind": "mlp", "params": {"hidden_sizes": list(HIDDEN)}},
         "train": {"workers": workers or args.workers, "epochs": epochs, "batch_size": args.batch,
-                  "in_memory": args.in_memory, **({"use_gpu": True} if getattr(args, "gpu", False) else {}),
+                  "in_memory": args.in_memory, "in_process": in_process, **({"use_gpu": True} if getattr(args, "gpu", False) else {}),
                   "optimizer": {"name": "adam", "lr": 0.001}, "metric": "accuracy"},
     }
 
@@ -212,12 +215,12 @@ def rayline_loop(csv: Path, args, ws, framework: str = "torch", workers: int | N
             "report_at": [r["at"] for r in trial.result.timeline.get("reports", [])]}
 
 
-def rayline_job(csv: Path, args, epochs: int, tmp: Path) -> dict:
+def rayline_job(csv: Path, args, epochs: int, tmp: Path, in_process: str = "auto") -> dict:
     """`rayline run --no-serve` as a fresh process: wall seconds and the run's own phases."""
     spec = tmp / f"job-{time.monotonic_ns()}.yaml"
     import yaml
 
-    spec.write_text(yaml.safe_dump(spec_dict(csv, args, epochs)))
+    spec.write_text(yaml.safe_dump(spec_dict(csv, args, epochs, in_process=in_process)))
     ws = tmp / f"ws-job-{time.monotonic_ns()}"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "platform") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     started = time.monotonic()
@@ -306,8 +309,15 @@ def job_section(tmp: Path, args) -> dict:
     hand = [hand_job(arrays, args, args.small_epochs, tmp)["wall_s"] for _ in range(args.repeats)]
     ours = [rayline_job(csv, args, args.small_epochs, tmp) for _ in range(args.repeats)]
     phases = {k: median(o["seconds"].get(k, 0.0) for o in ours) for k in ours[0]["seconds"]}
-    return {"hand_s": median(hand), "rayline_s": median(o["wall_s"] for o in ours),
-            "ratio": median(o["wall_s"] for o in ours) / median(hand), "rayline_phases_s": phases}
+    result = {"hand_s": median(hand), "rayline_s": median(o["wall_s"] for o in ours),
+              "ratio": median(o["wall_s"] for o in ours) / median(hand), "rayline_phases_s": phases}
+    if args.workers == 1:
+        # One worker trains in rayline's process (train.in_process: auto); the same run in a Train
+        # worker group (never), interleaved in the same run, says what that saves.
+        group = [rayline_job(csv, args, args.small_epochs, tmp, in_process="never") for _ in range(args.repeats)]
+        result["worker_group_s"] = median(o["wall_s"] for o in group)
+        result["worker_group_phases_s"] = {k: median(o["seconds"].get(k, 0.0) for o in group) for k in group[0]["seconds"]}
+    return result
 
 
 def xgboost_section(tmp: Path, args) -> dict:
@@ -419,6 +429,11 @@ def main() -> None:
                          f"{r['rayline_s']:.1f}", f"{r['ratio']:.1f}x"])
             print("job: rayline phases (s) " + ", ".join(f"{k} {v:.1f}" for k, v in r["rayline_phases_s"].items()
                                                           if k != "trials"), flush=True)
+            if "worker_group_s" in r:
+                rows.append(["whole job, 1 worker in a Train worker group (train.in_process: never) (s)",
+                             f"{r['hand_s']:.1f}", f"{r['worker_group_s']:.1f}", f"{r['worker_group_s'] / r['hand_s']:.1f}x"])
+                print("job (worker group): rayline phases (s) " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in r["worker_group_phases_s"].items() if k != "trials"), flush=True)
         if "xgboost" in sections:
             r = results["xgboost"] = xgboost_section(tmp, args)
             rows.append([f"xgboost, {args.xgboost_rows:,}-row CSV, whole job, embedded Ray (s)", f"{r['hand_s']:.1f}",

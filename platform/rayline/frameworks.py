@@ -33,6 +33,9 @@ class BackendInfo:
     strategies: frozenset[str] = frozenset({"ddp"})  # train.strategy values (ddp: the framework's data parallelism)
     multi_gpu_workers: bool = False  # whether one worker trains on several GPUs (resources_per_worker.GPU > 1)
     param_choices: dict[str, tuple] = field(default_factory=dict)  # parameter -> the only values it takes
+    # Whether one worker may train in the driver's or a trial's own process (rayline/train/in_process.py):
+    # the framework's process-wide setup can be made again by a later run in the same process.
+    trains_in_process: bool = True
 
 
 _MLP_PARAMS = frozenset({"hidden_sizes", "dropout"})
@@ -56,6 +59,9 @@ BACKENDS: dict[str, BackendInfo] = {
         name="tensorflow",
         module="rayline.train.tensorflow_backend",
         inference="rayline.inference.tensorflow_model",
+        # TensorFlow sets its thread pools once per process: a second run in the same driver failed
+        # ("Intra op parallelism cannot be modified after initialization"). Its workers keep their own.
+        trains_in_process=False,
         kinds={"mlp": _MLP_PARAMS, "cnn": _CNN_PARAMS, "text_cnn": _TEXT_CNN_PARAMS, "transformer": _TRANSFORMER_PARAMS},
         import_returns="a Keras model (tf_keras.Model)",
         multi_gpu_workers=True,  # MirroredStrategy / MWMS over a worker's local GPUs (train/tf_steps.py)

@@ -131,6 +131,8 @@ def test_only_a_one_cpu_worker_run_on_this_machine_s_one_node_ray_runs_in_proces
         assert not runs_in_process(spec(workers=2), plan)
         assert not runs_in_process(spec(workers={"min": 1, "max": 2}), plan)
         assert not runs_in_process(spec(use_gpu=True), plan)
+        tensorflow = spec().model_copy(update={"model": spec().model.model_copy(update={"framework": "tensorflow"})})
+        assert not runs_in_process(tensorflow, plan)  # its process-wide thread pools are set once
         assert not runs_in_process(spec(), ResourcePlan(cpus_per_worker=1, gpus_per_worker=0, concurrent_trials=1,
                                                         threads_per_worker=1, extra_per_worker=(("memory", 1e8),)))
     finally:

@@ -209,7 +209,7 @@ class TrainSpec(Strict):
     metric: Optional[str] = Field(None, description="Validation metric choosing the best checkpoint and trial.")
     max_failures: int = Field(2, ge=0, description="Worker-group restarts from the latest checkpoint.")
     in_process: Literal["auto", "never"] = Field(
-        "auto", description="auto: a run of one CPU worker on a one-node Ray trains in the driver's process (a trial's, "
+        "auto", description="auto: a run of one CPU worker (torch, xgboost) on a one-node Ray trains in the driver's process (a trial's, "
                             "in a sweep), without Ray Train's controller and worker processes (13 s less per run); "
                             "max_failures retries a failed attempt there, but the process's own death ends the run "
                             "(--resume goes on). never: always a Train worker group (rayline/train/in_process.py).")

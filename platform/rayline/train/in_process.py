@@ -41,10 +41,14 @@ class InProcessAborted(BaseException):
 
 def runs_in_process(spec, plan) -> bool:
     """Whether `spec`'s training runs in this process (see the module doc): `train.in_process: auto`,
-    one worker, no GPU, TPU, accelerator type or other per-worker resource to place it by, and a
+    one worker of a framework that can (rayline.frameworks: not TensorFlow), no GPU, TPU, accelerator type or other per-worker resource to place it by, and a
     Ray of one node that is this process's node (never a remote cluster's driver or a job on a head)."""
+    from rayline.frameworks import BACKENDS
+
     train = spec.train
     if train.in_process != "auto" or train.elastic or train.workers != 1:
+        return False
+    if not BACKENDS[spec.model.framework].trains_in_process:
         return False
     if train.use_gpu or train.use_tpu or train.accelerator_type or plan.gpus_per_worker or plan.extra_per_worker:
         return False

@@ -57,14 +57,17 @@ def train_relaying_reports(run_train: Callable[[list], object], *, scale: float,
     thread inside `report` (SystemExit); the Train run then ends with the trial's actor.
 
     `in_process`: the Train run trains in this process, on the helper thread
-    (rayline/train/in_process.py): its reports come through a queue of this process, and a stop from
-    Tune also stops that training at its next report (Tune may reuse this actor for another trial)."""
+    (rayline/train/in_process.py): its reports come through a queue of this process, and training
+    goes on only once Tune took the report (`report` returned: Tune did not stop the trial), so a
+    stopped trial trains no epoch past the one Tune stopped it at; a stop from Tune also stops that
+    training (Tune may reuse this actor for another trial)."""
     stop = threading.Event()
+    taken = threading.Semaphore(0)  # in process: one release per report the trial function made
     if in_process:
         import queue as queue_module
 
         queue, Empty = queue_module.Queue(maxsize=1), queue_module.Empty
-        put = functools.partial(_put_until_stopped, queue, stop)
+        put = functools.partial(_put_until_taken, queue, stop, taken)
     else:
         from ray.util.queue import Empty, Queue
 
@@ -79,7 +82,7 @@ def train_relaying_reports(run_train: Callable[[list], object], *, scale: float,
             failures.append(exc)
         finally:
             if not stop.is_set():
-                put(_DONE)
+                queue.put(_DONE)
 
     thread = threading.Thread(target=fit, name=f"rayline-train-{name}", daemon=True)
     thread.start()
@@ -95,6 +98,7 @@ def train_relaying_reports(run_train: Callable[[list], object], *, scale: float,
                 break
             metrics, path = item
             report(metrics, path)
+            taken.release()
     except BaseException:
         stop.set()  # a stop from Tune (SystemExit), or Ctrl-C: the training in this process ends too
         raise
@@ -103,18 +107,12 @@ def train_relaying_reports(run_train: Callable[[list], object], *, scale: float,
         raise failures[0]
 
 
-def _put_until_stopped(queue, stop: threading.Event, item) -> None:
-    """Put `item` in this process's one-slot queue, waiting while the trial function reports the previous
-    one; raise InProcessAborted once the trial function is gone (`stop`)."""
-    import queue as queue_module
-
+def _put_until_taken(queue, stop: threading.Event, taken: threading.Semaphore, item) -> None:
+    """Hand `item` to the trial function through this process's queue and wait until it has reported
+    it to Tune; raise InProcessAborted once the trial function is gone (`stop`: Tune stopped the trial)."""
     from rayline.train.in_process import InProcessAborted
 
-    while True:
+    queue.put(item)  # the trial function takes every item before it acknowledges the previous: never full here
+    while not taken.acquire(timeout=0.5):
         if stop.is_set():
             raise InProcessAborted("the trial stopped")
-        try:
-            queue.put(item, timeout=0.5)
-            return
-        except queue_module.Full:
-            continue
