@@ -52,12 +52,25 @@ def runs_in_process(spec, plan) -> bool:
         return False
     if train.use_gpu or train.use_tpu or train.accelerator_type or plan.gpus_per_worker or plan.extra_per_worker:
         return False
-    try:  # Ray Train's local-mode internals (ray==2.60): another Ray runs the worker group
-        from ray.train.v2._internal.execution.checkpoint.checkpoint_manager import CheckpointManager  # noqa: F401
-        from ray.train.v2._internal.execution.train_fn_utils import LocalTrainFnUtils  # noqa: F401
+    return _ray_internals_here() and _one_node_here()
+
+
+# What this module builds on inside Ray Train (ray==2.60): a Ray that moved them trains in a worker group.
+_RAY_INTERNALS = (("ray.train.v2._internal.execution.checkpoint.checkpoint_manager", "CheckpointManager"),
+                  ("ray.train.v2._internal.execution.train_fn_utils", "LocalTrainFnUtils"),
+                  ("ray.train.v2._internal.execution.train_fn_utils", "set_train_fn_utils"),
+                  ("ray.train.v2._internal.execution.context", "StorageContext"),
+                  ("ray.train.v2._internal.execution.training_report", "_TrainingReport"),
+                  ("ray.tune.trainable.trainable_fn_utils", "_in_tune_session"))
+
+
+def _ray_internals_here() -> bool:
+    import importlib
+
+    try:
+        return all(hasattr(importlib.import_module(module), name) for module, name in _RAY_INTERNALS)
     except ImportError:
         return False
-    return _one_node_here()
 
 
 def _one_node_here() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from rayline.errors import InterruptedRun, TrainingError
 from rayline.train.resources import ResourcePlan
@@ -136,9 +137,12 @@ def train(
     datasets = {name: split for name, split in datasets_of(data).items() if name not in arrays}
     if runs_in_process(spec, plan):
         # One CPU worker on a one-node Ray: here, without Train's controller and worker processes.
-        _fit_in_process_interruptible(backend, config, datasets=datasets, storage_path=storage_path, run_name=run_name,
-                                      checkpoint_config=run_config.checkpoint_config, callbacks=callbacks,
-                                      max_failures=spec.train.max_failures)
+        os.environ.update(backend.worker_env())  # what the worker group's runtime_env sets (before the framework's import)
+        stop = threading.Event()  # set on Ctrl-C: the loop stops at its next report
+        _fit_interruptible(lambda: fit_in_process(
+            backend.train_loop, config, datasets=datasets, storage_path=storage_path, run_name=run_name,
+            checkpoint_config=run_config.checkpoint_config, callbacks=callbacks, max_failures=spec.train.max_failures,
+            stop=stop), join(storage_path, run_name), on_interrupt=stop.set)
         return locate_best(join(storage_path, run_name), metric, mode)
     trainer = without_train_cleaner(without_dataset_manager(backend.make_trainer(
         loop_config=config,
@@ -148,7 +152,7 @@ def train(
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"] if "train" in datasets else []),
     )))
     try:
-        _fit_interruptible(trainer, join(storage_path, run_name))
+        _fit_interruptible(trainer.fit, join(storage_path, run_name))
     except ray.train.ControllerError as exc:
         if _is_start_timeout(exc):
             raise TrainingError(_placement_message(spec.train.workers, plan)) from exc
@@ -198,8 +202,9 @@ def scaling_config(spec: PipelineSpec, plan: ResourcePlan):
     )
 
 
-def _fit_interruptible(trainer, run_dir: str):
-    """`trainer.fit()`, raising InterruptedRun on Ctrl-C instead of returning as if it finished.
+def _fit_interruptible(fit: Callable[[], object], run_dir: str, on_interrupt: Callable[[], None] | None = None):
+    """`fit()` (a trainer's, or an in-process run's), raising InterruptedRun on Ctrl-C instead of
+    returning as if it finished; `on_interrupt` is called first (an in-process run's stop).
 
     On the main thread Ray Train installs a SIGINT handler that aborts the run and then
     exits the process with status 0 (`sys.exit(0)` in its handler), or lets fit return;
@@ -209,54 +214,27 @@ def _fit_interruptible(trainer, run_dir: str):
     its workers end when the driver shuts Ray down or disconnects (the CLI does, at once).
     """
     if threading.current_thread() is not threading.main_thread():
-        return trainer.fit()  # inside a Tune trial (Tune handles Ctrl-C) or a caller's thread
+        return fit()  # inside a Tune trial (Tune handles Ctrl-C) or a caller's thread
     outcome: dict = {}
 
-    def fit():
+    def run():
         try:
-            outcome["result"] = trainer.fit()
+            outcome["result"] = fit()
         except BaseException as exc:  # handed to the main thread below
             outcome["error"] = exc
 
-    thread = threading.Thread(target=fit, name="rayline-train-fit", daemon=True)
+    thread = threading.Thread(target=run, name="rayline-train-fit", daemon=True)
     thread.start()
     try:
         while thread.is_alive():
             thread.join(0.2)
     except KeyboardInterrupt as exc:
+        if on_interrupt is not None:
+            on_interrupt()
         raise InterruptedRun(f"training interrupted; its latest checkpoint is saved in {run_dir}") from exc
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
-
-
-def _fit_in_process_interruptible(backend, config: dict, **kwargs) -> None:
-    """rayline.train.in_process's fit, raising InterruptedRun on Ctrl-C as `_fit_interruptible` does:
-    on the main thread the loop runs on a helper thread, which stops at its next report."""
-    run_dir = join(kwargs["storage_path"], kwargs["run_name"])
-    os.environ.update(backend.worker_env())  # what the worker group's runtime_env would have set (before the framework's import)
-    if threading.current_thread() is not threading.main_thread():
-        fit_in_process(backend.train_loop, config, **kwargs)
-        return
-    stop = threading.Event()
-    outcome: dict = {}
-
-    def fit():
-        try:
-            fit_in_process(backend.train_loop, config, stop=stop, **kwargs)
-        except BaseException as exc:  # handed to the main thread below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=fit, name="rayline-train-in-process", daemon=True)
-    thread.start()
-    try:
-        while thread.is_alive():
-            thread.join(0.2)
-    except KeyboardInterrupt as exc:
-        stop.set()
-        raise InterruptedRun(f"training interrupted; its latest checkpoint is saved in {run_dir}") from exc
-    if "error" in outcome:
-        raise outcome["error"]
 
 
 def _is_start_timeout(exc) -> bool:
