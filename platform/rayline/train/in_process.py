@@ -2,10 +2,10 @@
 
 A Ray Train V2 run starts a controller actor and a worker actor, each a new Python process that
 imports Ray Train and the framework before the first step: measured on the 2-core machine, 13.7 s
-of a small run's 39.7 s (`benchmarks/overhead.py --only job`), and a trivial one-worker loop took
-20-25 s where Ray's own local mode (`ScalingConfig(num_workers=0)`) ran it in 0.1 s. A run of one
-CPU worker on a Ray of one node gains nothing from those processes but the survival of a worker
-process's death, so `train.in_process: auto` (the default) runs it here: in the driver of
+of a small run's 39.7 s (`benchmarks/overhead.py --only job`); with `--workers 1` that benchmark
+runs the same job both ways (in a worker group 35.3 s, train stage 15.6 s; here 22.1 s and 4.7 s).
+A run of one CPU worker on a Ray of one node gains nothing from those processes but the survival
+of a worker process's death, so `train.in_process: auto` (the default) runs it here: in the driver of
 `rayline run`, or in the trial's actor in a sweep.
 
 Ray's local mode keeps checkpoints in memory, restores none and runs no callbacks, so this module
@@ -23,6 +23,7 @@ needs the worker's own process says `train.in_process: never`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import shutil
 import threading
@@ -41,8 +42,9 @@ class InProcessAborted(BaseException):
 
 def runs_in_process(spec, plan) -> bool:
     """Whether `spec`'s training runs in this process (see the module doc): `train.in_process: auto`,
-    one worker of a framework that can (rayline.frameworks: not TensorFlow), no GPU, TPU, accelerator type or other per-worker resource to place it by, and a
-    Ray of one node that is this process's node (never a remote cluster's driver or a job on a head)."""
+    one worker of a framework that can (rayline.frameworks: not TensorFlow), no GPU, TPU, accelerator
+    type or other per-worker resource to place it by, and a Ray of one node that is this process's
+    node (never a remote cluster's driver or a job on a head)."""
     from rayline.frameworks import BACKENDS
 
     train = spec.train
@@ -110,6 +112,7 @@ def fit_in_process(train_loop: Callable[[dict], None], config: dict, *, datasets
             sink.close()
 
 
+@functools.lru_cache(maxsize=None)  # one class per process (it subclasses a Ray class imported lazily)
 def _sink_class():
     from ray.train.v2._internal.execution.train_fn_utils import LocalTrainFnUtils
 

@@ -97,13 +97,16 @@ def train(
     callbacks: list = (),
     initial_checkpoint: str | None = None,
     keep_all_checkpoints: bool = False,
+    in_process: bool | None = None,
 ) -> TrainResult:
     """Train `spec` on `data` with Ray Train; return the best checkpoint by the spec's metric.
 
     `initial_checkpoint`: a Train checkpoint (path or URI) that a NEW run starts from (weights
     and optimizer state; PBT's exploit, rayline.tune.handoff); a run that has checkpoints of its
     own restores its latest instead. `keep_all_checkpoints`: keep every checkpoint, not only
-    the best and the latest (another trial may still start from one: PBT)."""
+    the best and the latest (another trial may still start from one: PBT). `in_process`: whether
+    it trains in this process (rayline.train.in_process), when the caller decided it already (a
+    sweep's trial, whose relay of reports depends on it); None decides it here."""
     import ray.train
 
     from rayline.cluster.orphans import without_train_cleaner
@@ -135,7 +138,7 @@ def train(
     if arrays:
         config[ARRAYS_KEY] = arrays
     datasets = {name: split for name, split in datasets_of(data).items() if name not in arrays}
-    if runs_in_process(spec, plan):
+    if in_process if in_process is not None else runs_in_process(spec, plan):
         # One CPU worker on a one-node Ray: here, without Train's controller and worker processes.
         os.environ.update(backend.worker_env())  # what the worker group's runtime_env sets (before the framework's import)
         stop = threading.Event()  # set on Ctrl-C: the loop stops at its next report

@@ -78,9 +78,11 @@ def train_with_handoff(spec, data, *, storage_path: str, trial_id: str, plan, se
     handoff = _restored_handoff()
     run_name, initial = run_for(trial_id, handoff)
 
+    in_process = runs_in_process(spec, plan)  # decided once: the relay and the Train run must agree
+
     def run_train(callbacks):
         train(spec, data, storage_path=storage_path, run_name=run_name, plan=plan, search_paths=search_paths,
-              callbacks=callbacks, initial_checkpoint=initial, keep_all_checkpoints=True)
+              callbacks=callbacks, initial_checkpoint=initial, keep_all_checkpoints=True, in_process=in_process)
 
     def report(metrics: dict, path: str | None) -> None:
         if path is None or int(metrics.get("epoch", -1)) + 1 >= spec.train.epochs:
@@ -100,7 +102,7 @@ def train_with_handoff(spec, data, *, storage_path: str, trial_id: str, plan, se
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    train_relaying_reports(run_train, scale=scale, report=report, name=trial_id, in_process=runs_in_process(spec, plan))
+    train_relaying_reports(run_train, scale=scale, report=report, name=trial_id, in_process=in_process)
 
 
 def trial_runs(runs_dir: str, trial_id: str) -> list[tuple[str, int]]:

@@ -143,9 +143,11 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
 
     # The Train run's name is the trial's id: a trial resumed after an interruption
     # (`Tuner.restore`) runs under the same id, so Train restores its latest checkpoint.
+    in_process = runs_in_process(spec, plan)  # decided once: the relay and the Train run must agree
+
     def run_train(callbacks):
         train(spec, data, storage_path=storage_path, run_name=f"trial-{trial_id}", plan=plan,
-              search_paths=search_paths, callbacks=callbacks)
+              search_paths=search_paths, callbacks=callbacks, in_process=in_process)
 
     def report(metrics: dict, path: str | None) -> None:
         # Metrics only, as Tune's own TuneReportCallback reports them (with the checkpoint's path):
@@ -153,7 +155,7 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
         tune.report({**metrics, CHECKPOINT_PATH_KEY: path} if path else metrics)
 
     # Not Tune's TuneReportCallback: its last report can deadlock the trial (rayline/tune/relay.py).
-    train_relaying_reports(run_train, scale=scale, report=report, name=trial_id, in_process=runs_in_process(spec, plan))
+    train_relaying_reports(run_train, scale=scale, report=report, name=trial_id, in_process=in_process)
 
 
 def tune_pipeline(
