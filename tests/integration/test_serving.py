@@ -144,8 +144,16 @@ def test_batcher_merges_splits_and_isolates_model_errors(ray_session):
     def together(xs):
         # Concurrent HTTP requests, as callers send them; NaN travels as null -> NaN.
         body = lambda x: json.dumps({"x": np.where(np.isnan(x), None, x).tolist()})  # noqa: E731
-        with ThreadPoolExecutor(len(xs)) as pool:
-            answers = list(pool.map(lambda x: httpx.post(url, content=body(x), timeout=30).json(), xs))
+        for _ in range(3):
+            with ThreadPoolExecutor(len(xs)) as pool:
+                answers = list(pool.map(lambda x: httpx.post(url, content=body(x), timeout=30), xs))
+            # HAProxy's reload right after a deploy can still send a request of the round to a
+            # replica of another app (404 "Path '/batch-probe' not found", seen in CI after GET
+            # /calls had answered): not the batcher's doing. Drop that round's record, send it again.
+            if all(a.status_code != 404 for a in answers):
+                break
+            calls()
+        answers = [a.json() for a in answers]
         return [np.asarray(a["out"], dtype=np.float32) if "out" in a else a["error"] for a in answers]
 
     def calls():

@@ -215,9 +215,13 @@ def test_a_failing_job_exits_with_its_drivers_code(head):
 
 
 def test_jobs_stop_stops_a_running_job(head):
-    # A long run: 100,000 boosting rounds; stopped while it trains.
+    # A long run, stopped while it trains: 100,000 boosting rounds, no early stopping (iris stops
+    # after ~1,000 rounds otherwise, and a one-worker run trains in the job's own process, where
+    # that took under a second: CI saw the job end before the stop), a checkpoint every round
+    # (~0.1 s each here, and slower as the booster grows).
     proc = _run(head, "submit", str(head["project"] / "iris.yaml"), "--no-serve",
-                "--set", "model.params.num_boost_round=100000", "--set", "name=iris-long")
+                "--set", "model.params.num_boost_round=100000", "--set", "model.params.early_stopping_rounds=0",
+                "--set", "model.params.checkpoint_every=1", "--set", "name=iris-long")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = _job_id(proc.stdout)
     assert f"follow:  rayline jobs logs {job} --follow" in proc.stdout and f"rayline jobs stop {job}" in proc.stdout
