@@ -220,11 +220,15 @@ def run(spec, ws, **kwargs):
 
 @pytest.fixture(scope="session")
 def digits(ray_session, ws):
-    """The reference digits pipeline with a small sweep (2 trials, 5 epochs), served."""
+    """The reference digits pipeline with a small sweep (2 trials, 5 epochs), served. One worker per
+    trial: each trains in its trial's process (train.in_process), 13 s for the sweep against 41 s on
+    two workers each (idle 2-core box, 2026-11-29). DDP in a sweep is the README quick start's own
+    run (test_cluster.py::test_quick_start_serves_until_ctrl_c: the spec as written, 2 workers);
+    this lane's first worker-group run is test_csv_and_faults.py's churn (FSDP, 2 workers)."""
     from rayline.spec import apply_overrides, load_spec
 
     path = ROOT / "pipelines" / "digits-torch.yaml"
-    spec = apply_overrides(load_spec(path), {"tune.num_samples": 2, "train.epochs": 5})
+    spec = apply_overrides(load_spec(path), {"tune.num_samples": 2, "train.epochs": 5, "train.workers": 1})
     return run(spec, ws, spec_path=str(path))
 
 

@@ -77,6 +77,42 @@ def test_csv_pipeline_serves_string_labels(churn):
     assert metrics["log_loss"] < 0.8 * prior_log_loss, (prior_log_loss, metrics)
 
 
+def test_a_single_machine_ray_trains_without_preemption_watchers_or_ray_s_placement_group_cleaners(churn):
+    """This session's Ray has the environment rayline gives the Ray it starts on one machine
+    (rayline.cluster.env.train_env): Train ran churn's worker group (2 workers, one killed and
+    replaced) with no PreemptionWatcher actor; rayline's runs start no PlacementGroupCleaner
+    (rayline.cluster.orphans frees the groups itself); and, as churn's splits went to the workers as
+    arrays, no DatasetManager (rayline.train.splits.without_dataset_manager): three Python processes
+    less per training run. (This lane's first worker-group run is churn's: the digits sweep's
+    trials trained in their own processes, train.in_process, and so did every run before this one.)
+    And its log monitor has rayline's pace."""
+    import ray
+    from ray.util.state import list_actors
+
+    from rayline.train.loop import read_state
+
+    _, summary, _ = churn
+    starts = read_state(summary.trials[0].result.checkpoint_dir)["starts"]
+    assert {(s["workers"], s["train_shard"]["kind"], s["train_shard"]["handed_off"]) for s in starts} == {(2, "memory", True)}, starts
+
+    def actors(cls):
+        return list_actors(address=ray.get_runtime_context().gcs_address, filters=[("class_name", "=", cls)], limit=1000)
+
+    assert len(actors("TrainController")) >= 1
+    assert actors("PreemptionWatcher") == []
+    assert actors("PlacementGroupCleaner") == []
+    assert actors("DatasetManager") == []
+    # Its log monitor looks for new log files every 2 s, not on every 0.1-s pass (a glob of a folder
+    # that every actor above added files to).
+    from ray._private import ray_constants
+    from ray._private.worker import _global_node
+
+    (monitor,) = _global_node.all_processes[ray_constants.PROCESS_TYPE_LOG_MONITOR]
+    with open(f"/proc/{monitor.process.pid}/environ", "rb") as f:
+        environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    assert environ[b"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"] == b"0" and environ[b"LOG_NAME_UPDATE_INTERVAL_S"] == b"2"
+
+
 @pytest.mark.parametrize("row, field", [
     ({**GOOD, "plan": "enterprise"}, "plan"),  # unseen category, handle_unknown: error
     ({**GOOD, "fee": None}, "fee"),  # null in a column no impute step fills

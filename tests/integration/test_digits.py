@@ -1,6 +1,7 @@
 """The digits pipeline end to end: tune -> register -> serve, queried over real HTTP."""
 
 import json
+import re
 
 import httpx
 import numpy as np
@@ -54,6 +55,9 @@ def test_sweep_ran_trials_and_registered_the_winner(digits, ws):
     assert any(d.startswith(f"profiled {sum(digits.rows.values()):,} rows") for d in progress), progress
     assert any(d.startswith("transformed ") and " rows/s" in d for d in progress), progress
     assert len(digits.trials) == 2 and all(t.status == "terminated" for t in digits.trials)
+    # One worker a trial: each trained in its trial's own process, no Train worker group.
+    (started,) = [detail for stage, event, detail in digits.events if (stage, event) == ("train", "start")]
+    assert re.search(r"\b2 at once, 1 workers x [\d.]+ CPU, each in its trial's process", started), started
     scores = [t.result.metrics["accuracy"] for t in digits.trials]
     assert digits.valid_metrics["accuracy"] == max(scores)
     assert {tuple(sorted(t.overrides)) for t in digits.trials} == {("model.params.hidden_sizes", "train.optimizer.lr")}
@@ -68,35 +72,6 @@ def test_sweep_ran_trials_and_registered_the_winner(digits, ws):
     assert len(runs) == 2
     history = reg.client.get_metric_history(runs[0].info.run_id, "accuracy")
     assert len(history) >= 1 and sorted(m.step for m in history) == list(range(len(history)))
-
-
-def test_a_single_machine_ray_trains_without_preemption_watchers_or_ray_s_placement_group_cleaners(digits):
-    """This session's Ray has the environment rayline gives the Ray it starts on one machine
-    (rayline.cluster.env.train_env): Train ran the sweep's trials with no PreemptionWatcher actor;
-    and rayline's runs start no PlacementGroupCleaner (rayline.cluster.orphans frees the groups itself)
-    and, as digits' splits went to the workers as arrays, no DatasetManager
-    (rayline.train.splits.without_dataset_manager): three Python processes less per training run.
-    (This lane's first training is the digits sweep: no run with datasets came before it.)
-    And its log monitor has rayline's pace."""
-    import ray
-    from ray.util.state import list_actors
-
-    def actors(cls):
-        return list_actors(address=ray.get_runtime_context().gcs_address, filters=[("class_name", "=", cls)], limit=1000)
-
-    assert len(actors("TrainController")) >= len(digits.trials)
-    assert actors("PreemptionWatcher") == []
-    assert actors("PlacementGroupCleaner") == []
-    assert actors("DatasetManager") == []
-    # Its log monitor looks for new log files every 2 s, not on every 0.1-s pass (a glob of a folder
-    # that every actor above added files to).
-    from ray._private import ray_constants
-    from ray._private.worker import _global_node
-
-    (monitor,) = _global_node.all_processes[ray_constants.PROCESS_TYPE_LOG_MONITOR]
-    with open(f"/proc/{monitor.process.pid}/environ", "rb") as f:
-        environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-    assert environ[b"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"] == b"0" and environ[b"LOG_NAME_UPDATE_INTERVAL_S"] == b"2"
 
 
 def _winner(digits):
@@ -194,7 +169,7 @@ def test_the_two_torch_workers_valid_metrics_are_the_whole_splits(digits, test_s
 
 def test_a_shard_held_in_memory_trains_as_well_as_a_streamed_one_and_each_run_records_which(digits, test_split):
     """train.in_memory (rayline/train/loop.py's shard_plan): digits' splits are small, so the driver
-    handed them to the sweep's workers as arrays, which sliced batches in memory, recorded with the
+    handed them to the sweep's trials as arrays, which sliced batches in memory, recorded with the
     figures that decided it; and the same training streamed from Ray Data every epoch reaches the
     same metrics within noise (same seed, same data; each run here in Ray Train's local mode, the
     torch loop in this process, on the splits as Ray Data datasets)."""
@@ -211,7 +186,8 @@ def test_a_shard_held_in_memory_trains_as_well_as_a_streamed_one_and_each_run_re
     shard = starts[0]["train_shard"]
     assert {s["train_shard"]["kind"] for s in starts} == {"memory"}, starts
     # A few hundred kB: the driver handed the splits over as arrays (rayline/train/splits.py).
-    assert shard["shard_rows"] == -(-digits.rows["train"] // 2) and shard["setting"] == "auto" and shard["handed_off"]
+    assert shard["shard_rows"] == -(-digits.rows["train"] // starts[0]["workers"]) and shard["setting"] == "auto" \
+        and shard["handed_off"]
     assert 0 < shard["estimated_bytes"] <= shard["budget_bytes"] / 2
 
     _, _, _, data = test_split
