@@ -158,9 +158,13 @@ def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
         _job_runs_on(f"http://127.0.0.1:{DASHBOARD_PORTS[0]}")
 
         # `rayline run` finds the recorded head, deploys there and returns; the endpoint outlives it.
-        run = _cli(ws_a, "run", "pipelines/diabetes-torch.yaml", f"--port={SERVE_PORT}", "--set", "train.epochs=2")
+        # One worker: it trains in the driver (train.in_process; this head is this machine's one
+        # node), and the worker group's start-up is no part of what this test is about.
+        run = _cli(ws_a, "run", "pipelines/diabetes-torch.yaml", f"--port={SERVE_PORT}", "--set", "train.epochs=2",
+                   "--set", "train.workers=1")
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert f"The endpoint stays up on the cluster at 127.0.0.1:{HEAD_PORTS[0]}" in run.stdout
+        assert "train: started 1 workers x 1 CPU, in this process" in run.stdout, run.stdout[-3000:]
         response = httpx.post(f"http://127.0.0.1:{SERVE_PORT}/diabetes/predict", timeout=60,
                               json={"instances": [{f: 0.01 for f in ("age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6")}]})
         assert response.status_code == 200, response.text
