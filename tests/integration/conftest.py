@@ -35,13 +35,20 @@ SESSION_LANE, OWN_PROCESSES_LANE = "session-ray", "own-processes"
 # version and OIP replicas, the route's settle: 25-40 s a module on the loaded 2-core box).
 DIGITS_ENDPOINT = "digits_endpoint"
 
+# A module marked OWN_RAY defines its own module-scoped `ray_session` and `ws` (`yield from
+# fresh_ray()`, a Serve port of its own) and runs in the other lane, beside the session's Ray: how a
+# long module of the critical session lane moves to the lane with time to spare (tests/timings.py
+# shows both lanes' sums).
+OWN_RAY = "own_ray"
+
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
-        shares_session = {"ray_session", "ws"} & set(getattr(item, "fixturenames", ()))
+        shares_session = {"ray_session", "ws"} & set(getattr(item, "fixturenames", ())) \
+            and not item.get_closest_marker(OWN_RAY)
         item.add_marker(pytest.mark.xdist_group(SESSION_LANE if shares_session else OWN_PROCESSES_LANE))
     # Stable: every other item keeps its place relative to the rest (every xdist worker sorts alike).
     items.sort(key=lambda item: not (_in_session_lane(item) and item.get_closest_marker(DIGITS_ENDPOINT)))
@@ -57,8 +64,9 @@ def _in_session_lane(item) -> bool:
     return bool(marker and marker.args and marker.args[0] == SESSION_LANE)
 
 
-@pytest.fixture(scope="session")
-def ray_session():
+def fresh_ray():
+    """A local Ray as the suite's tests use it (a generator: the Ray, then its shutdown): the
+    environment `rayline run` gives the Ray it starts, 2 logical CPUs, metrics every 2 s."""
     import ray
 
     from rayline.cluster.env import quiet_ray, serve_env, train_env
@@ -97,6 +105,11 @@ def ray_session():
 
     serve.shutdown()
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    yield from fresh_ray()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -212,8 +225,9 @@ def run(spec, ws, **kwargs):
     # another test's, read back (the key is the data section, not the pipeline's name), and the test
     # would not see the stage it is about. Each computes its own; the cache's tests turn it on.
     kwargs.setdefault("data_cache", False)
+    kwargs.setdefault("port", PORT)
     events = []
-    summary = run_pipeline(spec, ws, port=PORT, on_stage=lambda *e: events.append(e), **kwargs)
+    summary = run_pipeline(spec, ws, on_stage=lambda *e: events.append(e), **kwargs)
     summary.events = events
     return summary
 

@@ -22,10 +22,27 @@ import pytest
 
 from ..cli import rayline
 from ..ray_metrics import metrics_export_text
-from .conftest import run
+from .conftest import OWN_RAY, PORT, fresh_ray, run
 
 NAME = "loopy"
 ROWS = 400
+
+# Its own Ray, in the lane beside the session's (conftest.OWN_RAY): one test of ~190 s of the
+# critical session lane (S16, 2026-11-29), with a Serve port of its own.
+pytestmark = getattr(pytest.mark, OWN_RAY)
+LOOP_PORT = PORT + 4  # test_cluster.py serves on PORT + 2, 3, 5 and 6
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    yield from fresh_ray()
+
+
+@pytest.fixture(scope="module")
+def ws(ray_session, tmp_path_factory):
+    from rayline.workspace import workspace
+
+    return workspace(tmp_path_factory.mktemp("loop-workspace")).ensure()
 
 
 def _rows(rng, centre: float, n: int = ROWS) -> pd.DataFrame:
@@ -94,7 +111,7 @@ retrain:
   compare: {{metric: accuracy, min_delta: 0.05}}
   canary: {{percent: 50, min_requests: 20, promote_after: 120}}
 """)
-    summary = run(load_spec(spec_path), ws, spec_path=str(spec_path))
+    summary = run(load_spec(spec_path), ws, spec_path=str(spec_path), port=LOOP_PORT)
     try:
         yield summary, folder, rng
     finally:
