@@ -9,6 +9,7 @@ finds its processes by its temp dir. A tiny xgboost pipeline on iris keeps the j
 
 import json
 import os
+import re
 import secrets
 import shutil
 import time
@@ -145,6 +146,8 @@ def test_submit_follow_runs_the_pipeline_and_jobs_show_it(head, tmp_path):
     assert f"workspace on the cluster: {head['ws']}" in out
     assert f"dashboard: http://127.0.0.1:{_DASH}/#/jobs/{job}" in out
     # The driver's progress, as plain lines while it runs, and the summary.
+    # The job's driver trains the one worker itself (a head of one node), and says how long: xgboost's rounds.
+    assert re.search(r"train: started 1 workers x [\d.]+ CPUs?, in this process, 5 boosting rounds, one booster", out), out[-4000:]
     for line in ("data: started csv", "data: done in", "train: started 1 workers", "train: done in",
                  "register: done in", "registered: model iris-submit version 1",
                  f"deploy: started /iris-submit on 127.0.0.1:{_SERVE}", f"endpoint: http://127.0.0.1:{_SERVE}/iris-submit",

@@ -47,6 +47,15 @@ def plan_training(spec: PipelineSpec):
         lambda: for_training(ray.available_resources()), lambda: for_training(ray.cluster_resources()))
 
 
+def _units_text(spec: PipelineSpec) -> str:
+    """What the run trains at most, in its framework's units: "8 epochs", or xgboost's "500
+    boosting rounds" (model.params.num_boost_round; train.epochs only when that is not set)."""
+    from rayline.frameworks import BACKENDS, total_units
+
+    units = total_units(spec.model.framework, spec.model.params, spec.train.epochs)
+    return f"{units} epochs" if BACKENDS[spec.model.framework].epoch_based else f"{units} boosting rounds"
+
+
 def train_stage(spec: PipelineSpec, prepared: list, *, plan, folder: str, runs_dir: str, experiment: str,
                 search_paths: list[str], resume: bool, on_stage: Callable[[str, str, str], None]) -> Trained:
     """Train (or sweep) on the prepared data; `resume`: continue the interrupted run saved under the
@@ -76,7 +85,7 @@ def train_stage(spec: PipelineSpec, prepared: list, *, plan, folder: str, runs_d
         winner, trials = outcome.winner, outcome.trials
         data = prepared[outcome.winner_variant]  # the winner's own preprocessing is the one registered
     else:
-        on_stage("train", "start", f"{'resuming: ' if resume else ''}{resources}, {spec.train.epochs} epochs"
+        on_stage("train", "start", f"{'resuming: ' if resume else ''}{resources}, {_units_text(spec)}"
                  f"{technique_text(spec, plan)}")
         # Same storage path and name as the interrupted run: Ray Train restores its latest checkpoint.
         winner = train(spec, data, storage_path=folder, run_name="train", plan=plan, search_paths=search_paths)
