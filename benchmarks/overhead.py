@@ -1,7 +1,7 @@
 """What a run costs beyond its work, side by side with the same work written by hand (issue 37).
 
     python benchmarks/overhead.py                  # every section, ~6 min on 2 cores
-    python benchmarks/overhead.py --only loop      # one section: loop | tf-loop | job | xgboost | quickstart
+    python benchmarks/overhead.py --only loop      # one section: loop | tf-loop | job | sweep | xgboost | quickstart
     python benchmarks/overhead.py --json-out overhead.json
 
 Sections, each run here, in one process tree, and printed as a ratio:
@@ -27,6 +27,13 @@ Sections, each run here, in one process tree, and printed as a ratio:
   10 rounds on 2 workers), the whole job: pandas + sklearn + xgboost in one process against
   `rayline run --no-serve` with its own embedded Ray, and against a head `rayline cluster up`
   started beforehand (its start not counted: it stays up between runs).
+- **sweep**: a sweep's per-trial overhead. A 4-trial sweep (one trial at a time, FIFO, a space
+  over the learning rate) of the `--small-rows` pipeline in one warm embedded Ray, with 1 and with 2
+  workers a trial: the train stage's seconds per trial, less each trial's own training-loop
+  seconds (the sum of its epochs' `train_s`). What is left is everything a trial costs beyond its
+  steps: its actor (and Train's controller and workers on 2), data hand-off, per-epoch
+  validation and checkpoints, the report to Tune. No baseline run: issue 37's targets are 2 s
+  (one worker) and 4 s (two).
 - **quickstart**: the README's first command after the install, `rayline run
   pipelines/digits-torch.yaml` (4-trial ASHA sweep, 2 workers each, then served), from its start
   to the endpoint answering and Ray stopped (`--exit-after-deploy`), in a fresh workspace; with
@@ -320,6 +327,35 @@ def job_section(tmp: Path, args) -> dict:
     return result
 
 
+def sweep_section(tmp: Path, args, trials: int = 4) -> dict:
+    from rayline.cluster.connection import connect
+    from rayline.pipeline.run import run_pipeline
+    from rayline.spec import parse_spec
+    from rayline.workspace import workspace
+
+    csv = tmp / "churn-small.csv"
+    if not csv.exists():
+        churn_like(csv, args.small_rows)
+    ws = workspace(str(tmp / "ws-sweep")).ensure()
+    conn = connect(ws, None)
+    out = {}
+    try:
+        for workers in (1, 2):
+            raw = spec_dict(csv, args, args.small_epochs, workers=workers)
+            raw["name"] = f"bench-sweep-{workers}"
+            raw["tune"] = {"num_samples": trials, "max_concurrent": 1, "scheduler": "fifo", "search": "random", "seed": 0,
+                           "space": {"train.optimizer.lr": {"loguniform": [1e-3, 1e-2]}}}
+            summary = run_pipeline(parse_spec(raw), ws, deploy=False, data_cache=False)
+            loops = [sum(row.get("train_s", 0.0) for row in t.result.history) for t in summary.trials if t.result]
+            stage = summary.seconds["train"]
+            out[workers] = {"train_stage_s": stage, "trials": len(summary.trials), "loop_s": loops,
+                            "per_trial_s": stage / len(summary.trials),
+                            "overhead_per_trial_s": stage / len(summary.trials) - median(loops)}
+    finally:
+        conn.shutdown()
+    return out
+
+
 def xgboost_section(tmp: Path, args) -> dict:
     import yaml
     from data_stage import BY_HAND, CATEGORICAL, LABEL, NUMERIC, generate, measured, spec_for
@@ -383,7 +419,7 @@ def main() -> None:
         _keras_main(data, int(threads), int(batch), int(epochs), out)
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["loop", "tf-loop", "job", "xgboost", "quickstart"], action="append")
+    parser.add_argument("--only", choices=["loop", "tf-loop", "job", "sweep", "xgboost", "quickstart"], action="append")
     parser.add_argument("--xgboost-rows", type=int, default=1_000_000)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--epochs", type=int, default=4)
@@ -401,7 +437,7 @@ def main() -> None:
     args = parser.parse_args()
     from harness import format_table, machine_info
 
-    sections = args.only or ["loop", "tf-loop", "job", "xgboost", "quickstart"]
+    sections = args.only or ["loop", "tf-loop", "job", "sweep", "xgboost", "quickstart"]
     print(json.dumps(machine_info(("ray", "torch")), indent=None), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-", dir=ROOT / "benchmarks"))
     results: dict = {}
@@ -434,6 +470,14 @@ def main() -> None:
                              f"{r['hand_s']:.1f}", f"{r['worker_group_s']:.1f}", f"{r['worker_group_s'] / r['hand_s']:.1f}x"])
                 print("job (worker group): rayline phases (s) " + ", ".join(
                     f"{k} {v:.1f}" for k, v in r["worker_group_phases_s"].items() if k != "trials"), flush=True)
+        if "sweep" in sections:
+            r = results["sweep"] = sweep_section(tmp, args)
+            for workers, target in ((1, 2.0), (2, 4.0)):
+                w = r[workers]
+                rows.append([f"sweep, {w['trials']} trials one at a time, {workers} worker(s) each: overhead per trial (s)",
+                             "-", f"{w['overhead_per_trial_s']:.1f}", f"{w['overhead_per_trial_s'] / target:.1f}x the {target:g}-s target"])
+                print(f"sweep ({workers} workers): train stage {w['train_stage_s']:.1f} s, per trial {w['per_trial_s']:.1f} s, "
+                      f"its training loop {[round(v, 2) for v in w['loop_s']]} s", flush=True)
         if "xgboost" in sections:
             r = results["xgboost"] = xgboost_section(tmp, args)
             rows.append([f"xgboost, {args.xgboost_rows:,}-row CSV, whole job, embedded Ray (s)", f"{r['hand_s']:.1f}",
