@@ -26,6 +26,7 @@ class BackendInfo:
     accelerators: frozenset[str] = field(default_factory=lambda: frozenset({"cpu", "gpu"}))
     epoch_based: bool = True  # False: rounds instead of epochs (xgboost)
     units_param: str = ""  # the model parameter that counts its units of training instead of epochs, if any
+    units: str = "epochs"  # what its units of training are called, in what rayline prints
     import_returns: str = ""  # what a `model.import` callable must return
     precisions: frozenset[str] = frozenset({"fp32", "bf16", "fp16"})  # train.precision values it trains in
     grad_accumulation: bool = True  # whether train.grad_accumulation > 1 means anything (mini-batch training)
@@ -85,6 +86,7 @@ BACKENDS: dict[str, BackendInfo] = {
         param_choices={"external_memory": ("auto", "always", "never")},
         epoch_based=False,
         units_param="num_boost_round",
+        units="boosting rounds",
         import_returns="",
         precisions=frozenset({"fp32"}),
         grad_accumulation=False,

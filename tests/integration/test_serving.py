@@ -153,6 +153,7 @@ def test_batcher_merges_splits_and_isolates_model_errors(ray_session):
             if all(a.status_code != 404 for a in answers):
                 break
             calls()
+        assert all(a.status_code == 200 for a in answers), [(a.status_code, a.text[:200]) for a in answers]
         answers = [a.json() for a in answers]
         return [np.asarray(a["out"], dtype=np.float32) if "out" in a else a["error"] for a in answers]
 

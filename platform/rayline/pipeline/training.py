@@ -53,7 +53,7 @@ def _units_text(spec: PipelineSpec) -> str:
     from rayline.frameworks import BACKENDS, total_units
 
     units = total_units(spec.model.framework, spec.model.params, spec.train.epochs)
-    return f"{units} epochs" if BACKENDS[spec.model.framework].epoch_based else f"{units} boosting rounds"
+    return f"{units} {BACKENDS[spec.model.framework].units}"
 
 
 def train_stage(spec: PipelineSpec, prepared: list, *, plan, folder: str, runs_dir: str, experiment: str,

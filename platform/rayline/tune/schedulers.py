@@ -306,7 +306,7 @@ class Pbt(Scheduler):
             allowed = ", ".join(n for n, b in BACKENDS.items() if b.epoch_based)
             problems.append(Problem(
                 ("tune", "scheduler"), f"pbt needs a model trained in epochs by an optimizer whose parameters can change "
-                f"mid-training; framework {spec.model.framework} trains boosting rounds",
+                f"mid-training; framework {spec.model.framework} trains {info.units}",
                 got=f"pbt with framework {spec.model.framework}", allowed=f"asha, median or fifo; or pbt with {allowed}"))
         if spec.tune.search != "random" and spec.tune.search != "grid":
             problems.append(Problem(("tune", "search"), "pbt chooses the trials' parameters itself: it works with random or "
