@@ -61,6 +61,7 @@ def runs_in_process(spec, plan) -> bool:
 _RAY_INTERNALS = (("ray.train.v2._internal.execution.checkpoint.checkpoint_manager", "CheckpointManager"),
                   ("ray.train.v2._internal.execution.train_fn_utils", "LocalTrainFnUtils"),
                   ("ray.train.v2._internal.execution.train_fn_utils", "set_train_fn_utils"),
+                  ("ray.train.v2._internal.execution.train_fn_utils", "_train_fn_utils"),
                   ("ray.train.v2._internal.execution.context", "StorageContext"),
                   ("ray.train.v2._internal.execution.training_report", "_TrainingReport"),
                   ("ray.tune.trainable.trainable_fn_utils", "_in_tune_session"))
@@ -166,7 +167,10 @@ def _sink_class():
                 train_loop(config)
             finally:
                 _training_thread.active = False
-                set_train_fn_utils(None)
+                from ray.train.v2._internal.execution import train_fn_utils
+
+                if train_fn_utils._train_fn_utils is self:  # never the next trial's (a reused trial process)
+                    set_train_fn_utils(None)
 
         def close(self) -> None:
             self._loop.close()

@@ -30,6 +30,10 @@ __all__ = ["train_relaying_reports", "relay_callback", "CHECKPOINT_PATH_KEY"]
 # The key Tune's own TuneReportCallback gives a report's Train checkpoint path (ray.tune.integration.ray_train).
 CHECKPOINT_PATH_KEY = "checkpoint_path"
 _DONE = "__rayline_train_done__"
+# How long a stopped trial waits for its in-process training thread (within Tune's 2 s for a reused
+# process's previous trial function: TUNE_FUNCTION_THREAD_TIMEOUT_S), and how often that thread looks.
+_STOP_JOIN_S = 1.5
+_STOP_POLL_S = 0.1
 
 
 def relay_callback(put: Callable[[tuple], None], scale: float):
@@ -101,6 +105,11 @@ def train_relaying_reports(run_train: Callable[[list], object], *, scale: float,
             taken.release()
     except BaseException:
         stop.set()  # a stop from Tune (SystemExit), or Ctrl-C: the training in this process ends too
+        if in_process:
+            # Tune may hand this process to the next trial (reuse_actors) once this function returns:
+            # the training thread must be gone by then. It waits in `_put_until_taken`, which sees the
+            # stop within a poll, or is mid-epoch and stops at its next report.
+            thread.join(_STOP_JOIN_S)
         raise
     thread.join()
     if failures:
@@ -113,6 +122,6 @@ def _put_until_taken(queue, stop: threading.Event, taken: threading.Semaphore, i
     from rayline.train.in_process import InProcessAborted
 
     queue.put(item)  # the trial function takes every item before it acknowledges the previous: never full here
-    while not taken.acquire(timeout=0.5):
+    while not taken.acquire(timeout=_STOP_POLL_S):
         if stop.is_set():
             raise InProcessAborted("the trial stopped")

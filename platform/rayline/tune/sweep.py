@@ -30,6 +30,7 @@ __all__ = [
     "tune_pipeline",
     "TRIAL_DRIVER_CPUS",
     "tune_dir",
+    "reuses_trial_processes",
 ]
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,7 @@ def tune_pipeline(
     )
     trainable = tune.with_resources(trainable, {"CPU": TRIAL_DRIVER_CPUS})
     path = tune_dir(storage_path, experiment)
+    reuse = reuses_trial_processes(spec, plan)
     if resume:
         if not tune.Tuner.can_restore(path):
             raise RaylineError(f"--resume: no saved sweep state in {path} (allowed: run without --resume to start over)")
@@ -227,6 +229,9 @@ def tune_pipeline(
                                                              concurrency=plan.concurrent_trials),
                 # Tune stops every trial when it runs out (TimeoutStopper); not an interruption.
                 time_budget_s=spec.tune.time_budget_s,
+                # Trials that train in their own process hand it on to the next trial: its imports
+                # (rayline, Ray Train, the framework) are paid once, not once a trial.
+                reuse_actors=reuse,
             ),
             # ReleaseOrphansCallback: a killed trial's Train placement group is freed for the next.
             # SaveOnTrialEnd: a trial's end is saved before the next trial starts, so a killed
@@ -283,6 +288,30 @@ def tune_pipeline(
     winner = max(scored, key=lambda t: sign * t.result.metrics[metric])
     log.info("tune winner %s with %s=%s", winner.trial_id, metric, winner.result.metrics[metric])
     return TuneResult(winner=winner.result, trials=trials, winner_variant=variant_of.get(winner.trial_id, 0))
+
+
+# Spec paths that decide whether a trial trains in its own process (rayline.train.in_process.runs_in_process).
+_PROCESS_PATHS = ("train.workers", "train.in_process", "train.use_gpu", "train.use_tpu", "train.accelerator_type",
+                  "train.resources_per_worker")
+
+
+def reuses_trial_processes(spec: PipelineSpec, plan: ResourcePlan) -> bool:
+    """Whether the sweep's trials share their processes (Tune's `reuse_actors`): when every trial trains
+    in its trial's process (one worker, in process). A trial with a Train worker group of its own
+    keeps a fresh process: a stopped trial's Train controller is that process's child and ends with it,
+    which frees its workers for the next trial. PBT restarts trials from checkpoints under new Train
+    runs (rayline/tune/handoff.py): fresh processes too."""
+    from rayline.frameworks import BACKENDS
+    from rayline.spec.pipeline_space import PipelineSpace
+    from rayline.train.in_process import runs_in_process
+
+    if spec.tune.scheduler.scheduler.hands_off_checkpoints or not runs_in_process(spec, plan):
+        return False
+    space = PipelineSpace(spec)
+    if any(path == prefix or path.startswith(prefix + ".") for path in space.plain for prefix in _PROCESS_PATHS):
+        return False
+    frameworks = [f.model.get("framework", spec.model.framework) for f in space.families or []]
+    return all(BACKENDS[framework].trains_in_process for framework in frameworks if framework in BACKENDS)
 
 
 def _trial_id(result) -> str | None:
