@@ -236,9 +236,10 @@ def run(spec, ws, **kwargs):
 def digits(ray_session, ws):
     """The reference digits pipeline with a small sweep (2 trials, 5 epochs), served. One worker per
     trial: each trains in its trial's process (train.in_process), 13 s for the sweep against 41 s on
-    two workers each (idle 2-core box, 2026-11-29). DDP in a sweep is the README quick start's own
-    run (test_cluster.py::test_quick_start_serves_until_ctrl_c: the spec as written, 2 workers);
-    this lane's first worker-group run is test_csv_and_faults.py's churn (FSDP, 2 workers)."""
+    two workers each (idle 2-core box, 2026-11-29). DDP in a sweep is the precision sweep's
+    (test_training_techniques.py: PowerSGD keeps its 2-worker groups; the README quick start's 2 workers
+    train as one process, rayline/train/in_process.py); this lane's first worker-group run is
+    test_csv_and_faults.py's churn (FSDP, 2 workers)."""
     from rayline.spec import apply_overrides, load_spec
 
     path = ROOT / "pipelines" / "digits-torch.yaml"

@@ -453,6 +453,12 @@ def test_quick_start_serves_until_ctrl_c(tmp_path):
             time.sleep(1)
         text = log.read_text()
         assert "registered: model digits version 1" in text and "trials" in text
+        # Its 2 workers a trial, on 1,259 rows x 3 epochs, train as one process a trial (rayline/train/in_process.py):
+        # said in the start line, and the summary's "trained on" says what trained.
+        assert re.search(r"train: started tuning: 2 trials, \d at once, 1 workers x [\d.]+ CPU, each in its trial's "
+                         r"process \(train.workers 2: 1,259 rows x 3 epochs fit one process, trained with \d threads?; "
+                         r"train.in_process: never keeps 2 workers\)", text), text[-3000:]
+        assert re.search(r"trained on: 1 worker x cpu \(\d threads?\)", text), text[-3000:]
         curl = next(line.strip() for line in text.splitlines() if line.strip().startswith("curl -s -X POST"))
         assert f"http://127.0.0.1:{QUICK_START_PORT}/digits/predict" in curl
         body = json.loads(curl.split(" -d '", 1)[1].rstrip("'"))

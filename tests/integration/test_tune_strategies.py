@@ -73,6 +73,10 @@ def test_median_stopping_cuts_trials_on_the_units_clock(ray_session, ws):
     for t in summary.trials:
         if t.stop_reason == "early_stopped":
             assert len(t.result.history) == t.units_trained  # one row per epoch it trained
+    # One-worker trials train in their trial's process, and the second trial got the first's (Tune's
+    # reuse_actors: its imports paid once): one process for both, not this test's.
+    pids = {t.result.starts[-1]["pid"] for t in summary.trials}
+    assert len(pids) == 1 and os.getpid() not in pids, pids
 
 
 def test_time_budget_stops_the_sweep_and_picks_among_stopped_trials(ray_session, ws):

@@ -13,7 +13,8 @@ import threading
 import pytest
 
 from rayline.errors import TrainingError
-from rayline.train.in_process import InProcessAborted, fit_in_process, runs_in_process
+from rayline.train.in_process import (ONE_PROCESS_MAX_WORK, InProcessAborted, as_one_process, fit_in_process,
+                                      one_process_reason, runs_in_process)
 
 
 def _checkpoint_config(keep=2):
@@ -135,5 +136,27 @@ def test_only_a_one_cpu_worker_run_on_this_machine_s_one_node_ray_runs_in_proces
         assert not runs_in_process(tensorflow, plan)  # its process-wide thread pools are set once
         assert not runs_in_process(spec(), ResourcePlan(cpus_per_worker=1, gpus_per_worker=0, concurrent_trials=1,
                                                         threads_per_worker=1, extra_per_worker=(("memory", 1e8),)))
+
+        # N CPU workers of a small run: one process with the N workers' CPUs and threads, said in the start line.
+        two = spec(workers=2, epochs=10)
+        reason = one_process_reason(two, plan, train_rows=1_000)
+        assert reason == ("train.workers 2: 1,000 rows x 10 epochs fit one process, trained with 2 threads; "
+                          "train.in_process: never keeps 2 workers")
+        merged, merged_plan = as_one_process(two, plan)
+        assert merged.train.workers == 1 and runs_in_process(merged, merged_plan)
+        assert (merged_plan.cpus_per_worker, merged_plan.threads_per_worker, merged_plan.start_workers) == (2, 2, 1)
+        half = ResourcePlan(cpus_per_worker=0.49, gpus_per_worker=0, concurrent_trials=2, threads_per_worker=1)
+        assert "trained with 1 thread;" in one_process_reason(two, half, train_rows=1_000)  # 0.98 CPU: one thread
+        assert one_process_reason(two, plan, train_rows=ONE_PROCESS_MAX_WORK // 10 + 1) is None  # too much work
+        assert one_process_reason(spec(workers=2, in_process="never"), plan, 1_000) is None
+        assert one_process_reason(spec(workers=2, strategy="fsdp"), plan, 1_000) is None  # FSDP needs its group
+        assert one_process_reason(spec(workers=2, grad_compression="powersgd"), plan, 1_000) is None
+        assert one_process_reason(spec(workers={"min": 1, "max": 2}), plan, 1_000) is None
+        assert one_process_reason(spec(workers=2, use_gpu=True), plan, 1_000) is None
+        assert one_process_reason(spec(), plan, 1_000) is None  # one worker: in process already, nothing to merge
+        swept = two.model_copy(update={"tune": parse_spec({**two.model_dump(by_alias=True, exclude_none=True), "tune": {
+            "space": {"train.grad_compression": {"choice": ["none", "powersgd"]}}}}).tune})
+        assert one_process_reason(swept, plan, 1_000) is None  # a draw could need the group
     finally:
         ray.shutdown()
+    assert one_process_reason(two, plan, 1_000) is None  # no Ray: nothing says this machine is the cluster

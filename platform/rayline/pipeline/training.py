@@ -65,7 +65,7 @@ def train_stage(spec: PipelineSpec, prepared: list, *, plan, folder: str, runs_d
     from rayline.cluster.orphans import sweep_in_background
     from rayline.storage import join
     from rayline.train.hardware import cluster_accelerators, plan_text
-    from rayline.train.in_process import runs_in_process
+    from rayline.train.in_process import as_one_process, one_process_reason, runs_in_process
     from rayline.train.run import datasets_of, train
     from rayline.train.splits import hand_off
     from rayline.tune.sweep import TrialOutcome, tune_pipeline
@@ -74,9 +74,15 @@ def train_stage(spec: PipelineSpec, prepared: list, *, plan, folder: str, runs_d
     for variant in prepared:
         variant.split_arrays = hand_off(variant, spec.train.in_memory, datasets_of(variant))
     data = prepared[0]
+    # N CPU workers of a small run train as one process of N threads (rayline/train/in_process.py).
+    one_process = one_process_reason(spec, plan, data.rows["train"])
+    if one_process:
+        spec, plan = as_one_process(spec, plan)
     resources = plan_text(plan, cluster_accelerators(ray.cluster_resources()) if plan.gpus_per_worker else ())
     if runs_in_process(spec, plan):  # no Train worker group (rayline/train/in_process.py): said where it trains
         resources += ", each in its trial's process" if spec.tune else ", in this process"
+        if one_process:
+            resources += f" ({one_process})"
     if spec.tune:
         on_stage("train", "start", f"{'resuming ' if resume else ''}tuning: {spec.tune.num_samples} trials, "
                  f"{plan.concurrent_trials} at once, {resources}{technique_text(spec, plan)}")

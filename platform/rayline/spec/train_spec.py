@@ -211,8 +211,11 @@ class TrainSpec(Strict):
     in_process: Literal["auto", "never"] = Field(
         "auto", description="auto: a run of one CPU worker (torch, xgboost) on a one-node Ray trains in the driver's process (a trial's, "
                             "in a sweep), without Ray Train's controller and worker processes (13 s less per run); "
-                            "max_failures retries a failed attempt there, but the process's own death ends the run "
-                            "(--resume goes on). never: always a Train worker group (rayline/train/in_process.py).")
+                            "so do N plain-DDP CPU workers of a small run (train rows x epochs up to 1,000,000), as "
+                            "one process with the N workers' CPUs as threads (same global batch and steps; the start "
+                            "line says so); max_failures retries a failed attempt there, but the process's own death "
+                            "ends the run (--resume goes on). never: always a Train worker group "
+                            "(rayline/train/in_process.py).")
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="Training arithmetic: bf16 (CPU and GPU) or fp16 (GPU, with loss scaling) mixed precision; "
                             "weights and checkpoints stay fp32. torch and tensorflow.")

@@ -31,7 +31,8 @@ from typing import Callable
 
 from rayline.errors import TrainingError
 
-__all__ = ["runs_in_process", "fit_in_process", "InProcessAborted"]
+__all__ = ["runs_in_process", "fit_in_process", "InProcessAborted", "one_process_reason", "as_one_process",
+           "ONE_PROCESS_MAX_WORK", "space_keeps_process"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,82 @@ def runs_in_process(spec, plan) -> bool:
     if train.use_gpu or train.use_tpu or train.accelerator_type or plan.gpus_per_worker or plan.extra_per_worker:
         return False
     return _ray_internals_here() and _one_node_here()
+
+
+# Work (train rows x epochs, or boosting rounds) up to which N CPU workers on a one-node Ray train as one
+# process with N threads. Ray Train's controller and N worker processes cost 10-14 s a run, and a sweep
+# pays them per trial (2-core box: benchmarks/overhead.py --only sweep, 22 s a 2-worker trial); a
+# million rows-epochs of a small model trains in about that time. Same global batch, same optimizer
+# steps: DDP averages the workers' gradients of their halves of a batch, one process computes the
+# gradient of the whole batch.
+ONE_PROCESS_MAX_WORK = 1_000_000
+
+# Spec paths of a sweep's space that decide where a trial trains; a space over one of them keeps the
+# spec's worker groups (a trial's draw could need one).
+_PROCESS_PATHS = ("train.workers", "train.in_process", "train.use_gpu", "train.use_tpu", "train.accelerator_type",
+                  "train.resources_per_worker", "train.grad_compression")
+
+
+def space_keeps_process(spec) -> bool:
+    """Whether every trial `spec`'s sweep can draw trains where the spec itself does: no path of the space
+    that decides it, every model family of a framework that trains in process."""
+    from rayline.frameworks import BACKENDS
+    from rayline.spec.pipeline_space import PipelineSpace
+
+    if not spec.tune:
+        return True
+    space = PipelineSpace(spec)
+    if any(path == prefix or path.startswith(prefix + ".") for path in space.plain for prefix in _PROCESS_PATHS):
+        return False
+    frameworks = [family.model.get("framework", spec.model.framework) for family in space.families or []]
+    return all(framework in BACKENDS and BACKENDS[framework].trains_in_process for framework in frameworks)
+
+
+def one_process_reason(spec, plan, train_rows: int) -> str | None:
+    """Why `spec`'s N CPU workers train as one process with N threads here, as the start line says it;
+    None when they train as the spec says. Only `train.in_process: auto`, a fixed N > 1, plain DDP (no
+    FSDP, no gradient compression: they exist for a process group), a framework that trains in process,
+    CPU only, a Ray of one node that is this process's, and work (train rows x units) of at most
+    ONE_PROCESS_MAX_WORK."""
+    from rayline.frameworks import BACKENDS
+    from rayline.tune.clock import total_units
+
+    train = spec.train
+    workers = train.workers
+    if train.in_process != "auto" or train.elastic or not isinstance(workers, int) or workers < 2:
+        return None
+    if not BACKENDS[spec.model.framework].trains_in_process or train.strategy != "ddp" \
+            or train.grad_compression.name != "none":
+        return None
+    if train.use_gpu or train.use_tpu or train.accelerator_type or plan.gpus_per_worker or plan.extra_per_worker:
+        return None
+    units = total_units(spec)
+    if train_rows * units > ONE_PROCESS_MAX_WORK or not space_keeps_process(spec):
+        return None
+    if not (_ray_internals_here() and _one_node_here()):
+        return None
+    unit_name = BACKENDS[spec.model.framework].units
+    threads = _threads(plan.cpus_per_worker * workers)
+    return (f"train.workers {workers}: {train_rows:,} rows x {units} {unit_name} fit one process, trained with "
+            f"{threads} thread{'s' if threads != 1 else ''}; train.in_process: never keeps {workers} workers")
+
+
+def _threads(cpus: float) -> int:
+    """Intra-op threads for a worker of `cpus` CPUs, as the plan gives them (rayline/train/resources.py)."""
+    return max(1, int(cpus + 1e-9))
+
+
+def as_one_process(spec, plan):
+    """(`spec`, `plan`) with the spec's N workers as one worker of N workers' CPUs and threads."""
+    import dataclasses
+
+    from rayline.spec.overrides import apply_overrides
+
+    workers = spec.train.workers
+    cpus = plan.cpus_per_worker * workers
+    one = dataclasses.replace(plan, cpus_per_worker=cpus, threads_per_worker=_threads(cpus),
+                              min_workers=1, max_workers=1, start_workers=1)
+    return apply_overrides(spec, {"train.workers": 1}), one
 
 
 # What this module builds on inside Ray Train (ray==2.60): a Ray that moved them trains in a worker group.

@@ -352,7 +352,9 @@ class EpochReporter:
     def record_start(self, evidence: dict) -> None:
         """Record the state this attempt trains from (see the module doc): call once the model and
         optimizer are built and restored, before the first step, with digests of the live objects."""
-        self.starts.append({"epoch": self.start_epoch - 1, "source": self._source, "workers": self.world_size, **evidence})
+        # pid: the process that trained (a sweep's trials that train in process share theirs: rayline/tune/sweep.py).
+        self.starts.append({"epoch": self.start_epoch - 1, "source": self._source, "workers": self.world_size,
+                            "pid": os.getpid(), **evidence})
 
     def report(self, epoch: int, metrics: dict, save_model: Callable[[str], None], stats: dict | None = None) -> None:
         """Report `metrics` for `epoch` with a checkpoint made by `save_model(dir)` on rank 0;

@@ -290,28 +290,17 @@ def tune_pipeline(
     return TuneResult(winner=winner.result, trials=trials, winner_variant=variant_of.get(winner.trial_id, 0))
 
 
-# Spec paths that decide whether a trial trains in its own process (rayline.train.in_process.runs_in_process).
-_PROCESS_PATHS = ("train.workers", "train.in_process", "train.use_gpu", "train.use_tpu", "train.accelerator_type",
-                  "train.resources_per_worker")
-
-
 def reuses_trial_processes(spec: PipelineSpec, plan: ResourcePlan) -> bool:
     """Whether the sweep's trials share their processes (Tune's `reuse_actors`): when every trial trains
     in its trial's process (one worker, in process). A trial with a Train worker group of its own
     keeps a fresh process: a stopped trial's Train controller is that process's child and ends with it,
     which frees its workers for the next trial. PBT restarts trials from checkpoints under new Train
     runs (rayline/tune/handoff.py): fresh processes too."""
-    from rayline.frameworks import BACKENDS
-    from rayline.spec.pipeline_space import PipelineSpace
-    from rayline.train.in_process import runs_in_process
+    from rayline.train.in_process import runs_in_process, space_keeps_process
 
-    if spec.tune.scheduler.scheduler.hands_off_checkpoints or not runs_in_process(spec, plan):
+    if spec.tune.scheduler.scheduler.hands_off_checkpoints:
         return False
-    space = PipelineSpace(spec)
-    if any(path == prefix or path.startswith(prefix + ".") for path in space.plain for prefix in _PROCESS_PATHS):
-        return False
-    frameworks = [f.model.get("framework", spec.model.framework) for f in space.families or []]
-    return all(BACKENDS[framework].trains_in_process for framework in frameworks if framework in BACKENDS)
+    return runs_in_process(spec, plan) and space_keeps_process(spec)
 
 
 def _trial_id(result) -> str | None:
