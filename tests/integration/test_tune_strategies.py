@@ -62,21 +62,28 @@ def test_median_stopping_cuts_trials_on_the_units_clock(ray_session, ws):
     # One trial at a time, a learning rate that learns first: the median rule compares a trial
     # only with trials already past the same point, so the one too slow to learn anything in 6
     # epochs is compared with it from its first epoch on.
+    # A third trial, the first's config again, runs after the stopped one, in the process it leaves.
     raw = _raw("median-iris", epochs=6, tune={
         "num_samples": 1, "search": "grid", "scheduler": {"median": {"grace_period": 1, "min_samples_required": 1}},
-        "space": {"train.optimizer.lr": {"grid": [0.05, 0.00001]}}})
+        "space": {"train.optimizer.lr": {"grid": [0.05, 0.00001, 0.05]}}})
     raw["tune"]["max_concurrent"] = 1
     spec = parse_spec(raw)
     summary = run(spec, ws, deploy=False)
     reasons = {t.trial_id: (t.stop_reason, t.units_trained) for t in summary.trials}
-    assert sorted(reasons.values()) == [("completed", 6), ("early_stopped", 1)], reasons
+    assert sorted(reasons.values()) == [("completed", 6), ("completed", 6), ("early_stopped", 1)], reasons
     for t in summary.trials:
         if t.stop_reason == "early_stopped":
             assert len(t.result.history) == t.units_trained  # one row per epoch it trained
-    # One-worker trials train in their trial's process, and the second trial got the first's (Tune's
-    # reuse_actors: its imports paid once): one process for both, not this test's.
+    # One-worker trials train in their trial's process, and each trial got the one before's (Tune's
+    # reuse_actors: the imports paid once): one process for all three, not this test's. The stopped
+    # trial's training ended with it: the trial after it trained its own 6 epochs, exactly as the
+    # first trial of the same config did.
     pids = {t.result.starts[-1]["pid"] for t in summary.trials}
     assert len(pids) == 1 and os.getpid() not in pids, pids
+    first, last = sorted((t for t in summary.trials if t.stop_reason == "completed"), key=lambda t: t.trial_id)
+    assert [row["epoch"] for row in last.result.history] == list(range(6))
+    assert [row["loss"] for row in last.result.history] == pytest.approx([row["loss"] for row in first.result.history],
+                                                                         rel=1e-6)
 
 
 def test_time_budget_stops_the_sweep_and_picks_among_stopped_trials(ray_session, ws):

@@ -138,7 +138,6 @@ def as_one_process(spec, plan):
 _RAY_INTERNALS = (("ray.train.v2._internal.execution.checkpoint.checkpoint_manager", "CheckpointManager"),
                   ("ray.train.v2._internal.execution.train_fn_utils", "LocalTrainFnUtils"),
                   ("ray.train.v2._internal.execution.train_fn_utils", "set_train_fn_utils"),
-                  ("ray.train.v2._internal.execution.train_fn_utils", "_train_fn_utils"),
                   ("ray.train.v2._internal.execution.context", "StorageContext"),
                   ("ray.train.v2._internal.execution.training_report", "_TrainingReport"),
                   ("ray.tune.trainable.trainable_fn_utils", "_in_tune_session"))
@@ -238,15 +237,17 @@ def _sink_class():
             from ray.train.v2._internal.execution.train_fn_utils import set_train_fn_utils
 
             _exempt_from_tune_session()
-            set_train_fn_utils(self)
-            _training_thread.active = True
-            try:
-                train_loop(config)
-            finally:
-                _training_thread.active = False
-                from ray.train.v2._internal.execution import train_fn_utils
-
-                if train_fn_utils._train_fn_utils is self:  # never the next trial's (a reused trial process)
+            # Ray Train's per-process functions are one global: one attempt at a time in a process. A
+            # trial of a sweep whose process was handed on (Tune's reuse_actors) while the stopped
+            # trial's training thread was still mid-epoch waits here until that thread's next report
+            # ends it (rayline/tune/relay.py), so no report of one trial reaches another's run.
+            with _ONE_ATTEMPT_AT_A_TIME:
+                set_train_fn_utils(self)
+                _training_thread.active = True
+                try:
+                    train_loop(config)
+                finally:
+                    _training_thread.active = False
                     set_train_fn_utils(None)
 
         def close(self) -> None:
@@ -254,6 +255,8 @@ def _sink_class():
 
     return Sink
 
+
+_ONE_ATTEMPT_AT_A_TIME = threading.Lock()
 
 # The thread training in process, inside a Tune trial's actor: Ray Train's functions refuse to run in a
 # Tune session (`requires_train_worker(raise_in_tune_session=True)`, ray/train/v2/_internal/util.py),
