@@ -111,14 +111,11 @@ def one_process_reason(spec, plan, train_rows: int) -> str | None:
     if not (_ray_internals_here() and _one_node_here()):
         return None
     unit_name = BACKENDS[spec.model.framework].units
-    threads = _threads(plan.cpus_per_worker * workers)
+    from rayline.train.resources import threads_for
+
+    threads = threads_for(plan.cpus_per_worker * workers)
     return (f"train.workers {workers}: {train_rows:,} rows x {units} {unit_name} fit one process, trained with "
             f"{threads} thread{'s' if threads != 1 else ''}; train.in_process: never keeps {workers} workers")
-
-
-def _threads(cpus: float) -> int:
-    """Intra-op threads for a worker of `cpus` CPUs, as the plan gives them (rayline/train/resources.py)."""
-    return max(1, int(cpus + 1e-9))
 
 
 def as_one_process(spec, plan):
@@ -126,10 +123,11 @@ def as_one_process(spec, plan):
     import dataclasses
 
     from rayline.spec.overrides import apply_overrides
+    from rayline.train.resources import threads_for
 
     workers = spec.train.workers
     cpus = plan.cpus_per_worker * workers
-    one = dataclasses.replace(plan, cpus_per_worker=cpus, threads_per_worker=_threads(cpus),
+    one = dataclasses.replace(plan, cpus_per_worker=cpus, threads_per_worker=threads_for(cpus),
                               min_workers=1, max_workers=1, start_workers=1)
     return apply_overrides(spec, {"train.workers": 1}), one
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from rayline.errors import ResourceError
 
-__all__ = ["ResourcePlan", "plan_resources", "ACCELERATOR_RESOURCE_PREFIX"]
+__all__ = ["ResourcePlan", "plan_resources", "ACCELERATOR_RESOURCE_PREFIX", "threads_for"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,11 @@ class ResourcePlan:
             res["GPU"] = self.gpus_per_worker
         res.update(self.extra_per_worker)
         return res
+
+
+def threads_for(cpus: float) -> int:
+    """Intra-op threads for a worker of `cpus` CPUs: its whole CPUs, at least one (0.98 CPU: one thread)."""
+    return max(1, int(cpus + 1e-9))
 
 
 def plan_resources(train, available: dict, wanted_concurrency: int = 1, *, max_workers: int | None = None) -> ResourcePlan:
@@ -189,7 +194,7 @@ def _plan_for(train, available: dict, wanted_concurrency: int, workers: int, *, 
         cpus_per_worker=per_worker,
         gpus_per_worker=fixed.get("GPU", 0.0),
         concurrent_trials=concurrency,
-        threads_per_worker=max(1, int(per_worker)),
+        threads_per_worker=threads_for(per_worker),
         extra_per_worker=extra,
         accelerator_type=getattr(train, "accelerator_type", None),
         min_workers=workers,
