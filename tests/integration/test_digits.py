@@ -283,6 +283,64 @@ def test_health_metadata_and_docs(digits):
     assert "pixel_0_0" in json.dumps(schema)
 
 
+def _replica_processes(apps):
+    """pid -> Serve application of each replica process of `apps` in this session's Ray (its raylet's
+    children: the other lane's Rays serve apps of the same names)."""
+    import psutil
+    import ray
+
+    session_dir = ray._private.worker._global_node.get_session_dir_path()
+    found = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or ())
+        try:
+            if (cmd.startswith("ray::ServeReplica:") and cmd.split(":")[3] in apps
+                    and session_dir in " ".join(proc.parent().cmdline())):
+                found[proc.pid] = cmd.split(":")[3]
+        except (psutil.Error, AttributeError):
+            continue
+    return found
+
+
+def test_replicas_load_the_version_from_the_deploys_record_without_opening_mlflow(digits, ws):
+    """The deploy resolved the version and put its files in this node's cache; every replica
+    holding the model (the version's, the route's) loads them from there, never importing MLflow
+    and SQLAlchemy (~3 s of CPU a replica). A record for another store, or no copy on the node,
+    loads through the registry, the same version."""
+    import shutil
+
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
+
+    from rayline.serve.kv_namespace import KV_NAMESPACE
+    from rayline.serve.version_files import load_version
+
+    replicas = _replica_processes({"digits", f"digits-v{digits.version}"})
+    assert sorted(set(replicas.values())) == sorted({"digits", f"digits-v{digits.version}"}), replicas
+    for pid, app in replicas.items():
+        with open(f"/proc/{pid}/maps") as maps:
+            assert "sqlalchemy" not in maps.read(), f"replica {pid} of {app} opened the MLflow store"
+
+    key = f"rayline/version-files/digits/{digits.version}".encode()
+    record = json.loads(_internal_kv_get(key, namespace=KV_NAMESPACE))
+    assert record["tracking_uri"] == ws.tracking_uri and record["version"] == digits.version
+    _, resolved = load_version("digits", digits.version, str(ws.root), None)
+    assert resolved == digits.version
+    try:  # another store's record: not this workspace's files; the registry's way, the same version
+        _internal_kv_put(key, json.dumps({**record, "tracking_uri": "sqlite:////elsewhere/mlflow.db"}).encode(),
+                         overwrite=True, namespace=KV_NAMESPACE)
+        predictor, resolved = load_version("digits", digits.version, str(ws.root), None)
+        assert resolved == digits.version and predictor.version == digits.version
+    finally:
+        _internal_kv_put(key, json.dumps(record).encode(), overwrite=True, namespace=KV_NAMESPACE)
+    from rayline.registry.downloads import cache_entry
+
+    entry = cache_entry(ws, "digits", digits.version, record["run_id"], record["source"])
+    assert entry.is_dir()
+    shutil.rmtree(entry)  # no copy on this node: downloaded again through the registry
+    _, resolved = load_version("digits", digits.version, str(ws.root), None)
+    assert resolved == digits.version and entry.is_dir()
+
+
 def _cli(*args):
     """The CLI in this process (tests/cli.py); its own process is tested in test_client.py and test_lineage.py."""
     return rayline(*args, cwd=ROOT)

@@ -14,29 +14,43 @@ from rayline.redact import redact_uri
 from rayline.registry.registered import ModelVersion
 from rayline.workspace import owned_tempdir, sweep_orphans, user_cache_dir
 
-__all__ = ["Downloads"]
+__all__ = ["Downloads", "cache_root", "cache_entry"]
 
 _PARTIAL = ".partial-"
+
+
+def cache_root(ws) -> Path:
+    """Where downloaded versions are kept on this node.
+
+    The workspace's `cache/models` when the workspace is on this node: always so with the
+    default SQLite store (the store is a file in it), and so for a workspace on a shared
+    filesystem. A Serve replica on another node of a cluster with a remote tracking URI
+    gets a workspace path that may not exist there (or not be writable): it uses this
+    node's user cache (RAYLINE_CACHE_DIR, else ~/.cache/rayline), never creating the
+    driver's workspace path on a node it does not belong to. Entries are keyed by run id
+    and source, so one cache serves several stores without mixing their versions.
+    """
+    root = ws.root
+    if root.is_dir() and os.access(root, os.W_OK | os.X_OK):
+        return ws.cache_dir / "models"
+    return user_cache_dir() / "models"
+
+
+def cache_entry(ws, name: str, version: str, run_id: str, source: str) -> Path:
+    """The directory that holds (or will hold) version `version` of `name` on this node: no MLflow
+    call, so a Serve replica told the run id and source finds a complete copy without opening the
+    store (rayline/serve/version_files.py)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "_"
+    key = hashlib.sha256(f"{run_id}\n{source}".encode()).hexdigest()[:12]
+    return cache_root(ws) / safe / f"{version}-{key}"
 
 
 class Downloads:
     """The workspace's cache of downloaded versions (`<workspace>/cache/models`)."""
 
     def cache_root(self) -> Path:
-        """Where downloaded versions are kept on this node.
-
-        The workspace's `cache/models` when the workspace is on this node: always so with the
-        default SQLite store (the store is a file in it), and so for a workspace on a shared
-        filesystem. A Serve replica on another node of a cluster with a remote tracking URI
-        gets a workspace path that may not exist there (or not be writable): it uses this
-        node's user cache (RAYLINE_CACHE_DIR, else ~/.cache/rayline), never creating the
-        driver's workspace path on a node it does not belong to. Entries are keyed by run id
-        and source, so one cache serves several stores without mixing their versions.
-        """
-        root = self.ws.root
-        if root.is_dir() and os.access(root, os.W_OK | os.X_OK):
-            return self.ws.cache_dir / "models"
-        return user_cache_dir() / "models"
+        """Where downloaded versions are kept on this node (the module's `cache_root`)."""
+        return cache_root(self.ws)
 
     def download(self, mv: ModelVersion) -> str:
         """A local directory with the artifact of `mv`: this node's cached copy, downloaded once.
@@ -47,11 +61,9 @@ class Downloads:
         """
         import mlflow.artifacts
 
-        safe = re.sub(r"[^A-Za-z0-9._-]", "_", mv.name).lstrip(".") or "_"
-        key = hashlib.sha256(f"{mv.run_id}\n{mv.source}".encode()).hexdigest()[:12]
         with self._guard(f"download model {mv.name!r} version {mv.version} ({redact_uri(mv.source)})"):
-            parent = self.cache_root() / safe
-            final = parent / f"{mv.version}-{key}"
+            final = cache_entry(self.ws, mv.name, mv.version, mv.run_id, mv.source)
+            parent = final.parent
             if final.is_dir():
                 return str(final)
             parent.mkdir(parents=True, exist_ok=True)

@@ -82,7 +82,7 @@ def wait_for_replica_resources(name: str, cpus: float, replicas: int, timeout_s:
         time.sleep(0.5)
 
 def start_version(name: str, version: str, route: str, settings: dict, ws, framework: str, created: list,
-                  update: bool = False) -> list[str]:
+                  update: bool = False, registry=None) -> list[str]:
     """Application NAME-vN, answering. One that already runs is left as it is, unless `update` (the
     user changed settings: `serve deploy --set`) and it runs with other settings: then it is updated
     in place through Serve's own update of the application (the old replicas serve until the new
@@ -104,6 +104,7 @@ def start_version(name: str, version: str, route: str, settings: dict, ws, frame
     if not running:
         wait_for_replica_resources(app, spec.resources_per_replica.cpus, max(1, spec.replicas.min))
         created.append(app)
+    _record_files(name, version, ws, registry)
     try:
         serve.run(build_app(args), name=app, route_prefix=version_route(route, version), blocking=False)
         return changes
@@ -115,6 +116,24 @@ def start_version(name: str, version: str, route: str, settings: dict, ws, frame
             delete_apps([app])
             created.remove(app)
         raise ServeError(f"deploying {name} v{version} at {version_route(route, version)} failed: {reason}") from exc
+
+
+def _record_files(name: str, version: str, ws, registry) -> None:
+    """The version's files where its replicas (and the route's) load them without MLflow
+    (rayline/serve/version_files.py). A failure here only leaves them the registry's way, which
+    reports the same problem itself."""
+    from rayline.serve.version_files import record_version_files
+
+    try:
+        if registry is None:
+            from rayline.registry import Registry
+
+            registry = Registry(ws)
+        record_version_files(registry, registry.resolve(name, version))
+    except Exception as exc:  # noqa: BLE001 - see above
+        import logging
+
+        logging.getLogger(__name__).debug("rayline: version files of %s v%s not recorded: %s", name, version, exc)
 
 
 def running_settings(name: str, version: str) -> dict | None:

@@ -303,19 +303,15 @@ class Router:
 
     def _build(self, version: str, raw: bytes | None):
         """Version `version`'s request stack, with the settings it was deployed with (`raw`: as recorded)."""
-        from rayline.inference.predictor import Predictor
-        from rayline.registry import Registry
         from rayline.serve.stack import build_stack
+        from rayline.serve.version_files import load_version
         from rayline.spec import ServeSpec
-        from rayline.workspace import workspace as make_workspace
 
         settings = json.loads(raw) if raw else self.settings.model_dump()
         delay_s = float(settings.pop("debug_infer_delay_s", 0.0) or 0.0)  # test-only, see serve/stack.py
         spec = ServeSpec.model_validate(settings)
-        registry = Registry(make_workspace(self.workspace, self.tracking_uri))
-        mv = registry.resolve(self.name, version)
-        predictor = Predictor(registry.download(mv), version=mv.version)
-        return build_stack(predictor, mv.version, spec, self.api_keys, delay_s=delay_s, slots=self.slots)
+        predictor, resolved = load_version(self.name, version, self.workspace, self.tracking_uri)
+        return build_stack(predictor, resolved, spec, self.api_keys, delay_s=delay_s, slots=self.slots)
 
     def _drop(self, keep: set) -> None:
         for version in [v for v in self.stacks if v not in keep]:

@@ -96,9 +96,10 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
     try:
         early = start_early(name, route, build_args, apps, created)
         # --set on a version already running with other settings: updated in place, and what changed is said.
-        changes = start_version(name, version, route, settings, ws, mv.framework, created, update=bool(overrides))
-        if percent:
-            start_version(name, champion, route, settings, ws, mv.framework, created)  # a champion whose app was removed
+        changes = start_version(name, version, route, settings, ws, mv.framework, created, update=bool(overrides),
+                                registry=registry)
+        if percent:  # a champion whose app was removed
+            start_version(name, champion, route, settings, ws, mv.framework, created, registry=registry)
     except Exception:
         delete_apps(created[started:])
         del created[started:]
@@ -192,7 +193,7 @@ def rollback(name: str, *, ws) -> Rollout:
         previous = history.pop()
         created: list = []
         start_version(name, previous, table["route"], table.get("serve") or {}, ws,
-                       registry.resolve(name, previous).framework, created)
+                       registry.resolve(name, previous).framework, created, registry=registry)
         registry.set_alias(name, "champion", previous)
         registry.set_model_tag(name, HISTORY_TAG, json.dumps(history))
         if history:
