@@ -156,7 +156,7 @@ def _run_and_serve(conn, spec, ws, spec_path, deploy, host, port, exit_after_dep
     `timings`: the run's phases printed at the end, Ray's stop included (always kept in its record)."""
     summary = None
     try:
-        summary = _run_with_progress(spec, ws, spec_path, deploy, host, port, **options)
+        summary = _run_with_progress(spec, ws, spec_path, deploy, host, port, serve_early=conn.embedded, **options)
         print_summary(summary, spec)
         if summary.endpoint and conn.embedded and not exit_after_deploy:
             console.print(styled("\nServing ", (summary.endpoint, "bold"), " from an embedded Ray. Press Ctrl-C to stop."))
