@@ -61,6 +61,17 @@ def _in_background(make: Callable[[], object], *, name: str) -> Callable[[], obj
     return wait
 
 
+def _start_serve_quietly(host: str, port: int) -> None:
+    from rayline.serve.applications import ensure_serve
+
+    try:
+        ensure_serve(host, port)
+    except Exception as exc:  # noqa: BLE001 - the deploy stage starts it again and reports its own failure
+        import logging
+
+        logging.getLogger(__name__).debug("rayline: Serve's early start failed (the deploy stage retries): %s", exc)
+
+
 def run_pipeline(
     spec: PipelineSpec,
     ws: Workspace,
@@ -120,10 +131,10 @@ def run_pipeline(
         serve_address(host, port)  # a port another process holds fails now, not after training
     serving = None
     if deploy and spec.serve is not None and serve_early:
-        from rayline.serve.applications import ensure_serve
-
         # 3.6-5.3 s of the quick start's deploy stage on the 2-core machine, now beside the data stage.
-        serving = _in_background(lambda: ensure_serve(host, port), name="rayline-start-serve")
+        # Best effort: whatever stopped it, the deploy stage starts Serve itself (versions.deploy) and
+        # says what fails there, as without this.
+        serving = _in_background(lambda: _start_serve_quietly(host, port), name="rayline-start-serve")
     # On a multi-node cluster a node-local workspace path would lose checkpoints written on
     # other nodes: fail now, before any work, naming a node that does not see it.
     check_shared(ws.location)
@@ -191,7 +202,7 @@ def run_pipeline(
         t0 = time.monotonic()
         if serving is not None:
             try:
-                serving()  # Serve's start, begun with the data stage; what it raised fails the deploy here
+                serving()  # Serve's start, begun with the data stage
             except KeyboardInterrupt as exc:
                 raise InterruptedRun(f"interrupted while deploying: model {spec.name} version {registered.version} "
                                      f"stays registered (MLflow run {run_id}); no Serve app was started") from exc

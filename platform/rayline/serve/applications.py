@@ -57,8 +57,33 @@ def ensure_serve(host: str, port: int):
 
     address = serve_address(host, port)
     if not address.existing:
-        serve.start(http_options={"host": host, "port": port})
+        from ray.exceptions import RayActorError
+
+        try:
+            serve.start(http_options={"host": host, "port": port})
+        except RayActorError:
+            # Serve's controller killed a proxy whose start-up health checks timed out (seen on a 2-core
+            # machine at load average 10: "HAProxyManager ... killed by `ray.kill`") and starts it again;
+            # serve.start only waited on the first one. Wait for the controller's proxies instead.
+            _wait_proxies_healthy()
     return address
+
+
+def _wait_proxies_healthy(timeout_s: float = 120.0) -> None:
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            proxies = serve.status().proxies
+        except Exception:  # noqa: BLE001 - the controller is still coming up
+            proxies = {}
+        if proxies and all(str(getattr(p, "value", p)) == "HEALTHY" for p in proxies.values()):
+            return
+        if time.monotonic() > deadline:
+            raise ServeError(f"Serve's HTTP proxies not healthy after {timeout_s:g} s (got {proxies or 'none'}; "
+                             "allowed: a machine with CPU time to spare for Serve's start; see `ray status`)")
+        time.sleep(0.5)
 
 
 def wait_for_replica_resources(name: str, cpus: float, replicas: int, timeout_s: float = 60.0) -> None:
