@@ -150,13 +150,37 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
         train(spec, data, storage_path=storage_path, run_name=f"trial-{trial_id}", plan=plan,
               search_paths=search_paths, callbacks=callbacks, in_process=in_process)
 
+    reports: list[str | None] = []
+
     def report(metrics: dict, path: str | None) -> None:
         # Metrics only, as Tune's own TuneReportCallback reports them (with the checkpoint's path):
         # the winner's checkpoint is found in the trial's Train run directory.
+        reports.append(path)
         tune.report({**metrics, CHECKPOINT_PATH_KEY: path} if path else metrics)
 
     # Not Tune's TuneReportCallback: its last report can deadlock the trial (rayline/tune/relay.py).
     train_relaying_reports(run_train, scale=scale, report=report, name=trial_id, in_process=in_process)
+    if not reports:
+        _report_finished_checkpoint(join(storage_path, f"trial-{trial_id}"), scale, report)
+
+
+def _report_finished_checkpoint(run_dir: str, scale: float, report) -> None:
+    """A resumed trial whose Train run had checkpointed its last epoch before the sweep was killed
+    (Tune had not yet recorded the trial's end) restores there, trains nothing and reports nothing;
+    Tune then ends it with a result that lacks the sweep's metric and the whole resume failed ("Trial
+    returned a result which did not include the specified metric(s)", seen once in the suite's
+    kill-then-resume test). Its newest complete checkpoint's metrics are reported again instead."""
+    from rayline.train.loop import read_state
+    from rayline.train.run import _registered_checkpoints
+    from rayline.tune.schedulers import TIME_ATTR
+
+    states = [(ckpt, read_state(ckpt)) for ckpt in _registered_checkpoints(run_dir)]
+    complete = [(ckpt, state) for ckpt, state in states if state and "epoch" in state and state.get("metrics")]
+    if not complete:
+        return
+    ckpt, state = max(complete, key=lambda c: c[1]["epoch"])
+    units = int(state["epoch"]) + 1
+    report({**state["metrics"], TIME_ATTR: units * scale if scale != 1 else units}, ckpt)
 
 
 def tune_pipeline(
