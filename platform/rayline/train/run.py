@@ -317,9 +317,16 @@ def set_aside_unreadable_snapshot(run_dir: str) -> str | None:
     fs, path = filesystem(location)
     fs.move(path, path + ".unreadable")
     # With no snapshot, every checkpoint_* of the run (the registered ones' fallback scan).
+    newest = newest_complete_checkpoint(run_dir)
+    return newest[0] if newest else None
+
+
+def newest_complete_checkpoint(run_dir: str) -> tuple[str, dict] | None:
+    """(path, rayline state) of the run's checkpoint with the highest epoch among those whose state
+    file reads (one being written when the run was killed has none); None when there is none."""
     states = [(ckpt, read_state(ckpt)) for ckpt in _registered_checkpoints(run_dir)]
     complete = [(ckpt, state) for ckpt, state in states if state and "epoch" in state]
-    return max(complete, key=lambda c: c[1]["epoch"])[0] if complete else None
+    return max(complete, key=lambda c: c[1]["epoch"]) if complete else None
 
 
 def _registered_checkpoints(run_dir: str) -> list[str]:

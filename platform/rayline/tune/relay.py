@@ -25,7 +25,7 @@ from typing import Callable
 
 from rayline.tune.schedulers import TIME_ATTR
 
-__all__ = ["train_relaying_reports", "relay_callback", "CHECKPOINT_PATH_KEY"]
+__all__ = ["train_relaying_reports", "relay_callback", "with_clock", "CHECKPOINT_PATH_KEY"]
 
 # The key Tune's own TuneReportCallback gives a report's Train checkpoint path (ray.tune.integration.ray_train).
 CHECKPOINT_PATH_KEY = "checkpoint_path"
@@ -44,13 +44,17 @@ def relay_callback(put: Callable[[tuple], None], scale: float):
 
     class Relay(UserCallback):
         def after_report(self, run_context, metrics, checkpoint):
-            row = dict(metrics[0]) if metrics else {}
-            if "epoch" in row:
-                units = int(row["epoch"]) + 1
-                row[TIME_ATTR] = units * scale if scale != 1 else units
-            put((row, checkpoint.path if checkpoint else None))
+            put((with_clock(dict(metrics[0]) if metrics else {}, scale), checkpoint.path if checkpoint else None))
 
     return Relay()
+
+
+def with_clock(row: dict, scale: float) -> dict:
+    """`row` (a report) with the scheduler's clock `TIME_ATTR` for its epoch added, when it has one."""
+    if "epoch" in row:
+        units = int(row["epoch"]) + 1
+        row[TIME_ATTR] = units * scale if scale != 1 else units
+    return row
 
 
 def train_relaying_reports(run_train: Callable[[list], object], *, scale: float,

@@ -150,12 +150,12 @@ def _trial(config: dict, *, spec_raw: dict, data, storage_path: str, plan: Resou
         train(spec, data, storage_path=storage_path, run_name=f"trial-{trial_id}", plan=plan,
               search_paths=search_paths, callbacks=callbacks, in_process=in_process)
 
-    reports: list[str | None] = []
+    reports: list[dict] = []
 
     def report(metrics: dict, path: str | None) -> None:
         # Metrics only, as Tune's own TuneReportCallback reports them (with the checkpoint's path):
         # the winner's checkpoint is found in the trial's Train run directory.
-        reports.append(path)
+        reports.append(metrics)
         tune.report({**metrics, CHECKPOINT_PATH_KEY: path} if path else metrics)
 
     # Not Tune's TuneReportCallback: its last report can deadlock the trial (rayline/tune/relay.py).
@@ -170,17 +170,12 @@ def _report_finished_checkpoint(run_dir: str, scale: float, report) -> None:
     Tune then ends it with a result that lacks the sweep's metric and the whole resume failed ("Trial
     returned a result which did not include the specified metric(s)", seen once in the suite's
     kill-then-resume test). Its newest complete checkpoint's metrics are reported again instead."""
-    from rayline.train.loop import read_state
-    from rayline.train.run import _registered_checkpoints
-    from rayline.tune.schedulers import TIME_ATTR
+    from rayline.train.run import newest_complete_checkpoint
+    from rayline.tune.relay import with_clock
 
-    states = [(ckpt, read_state(ckpt)) for ckpt in _registered_checkpoints(run_dir)]
-    complete = [(ckpt, state) for ckpt, state in states if state and "epoch" in state and state.get("metrics")]
-    if not complete:
-        return
-    ckpt, state = max(complete, key=lambda c: c[1]["epoch"])
-    units = int(state["epoch"]) + 1
-    report({**state["metrics"], TIME_ATTR: units * scale if scale != 1 else units}, ckpt)
+    newest = newest_complete_checkpoint(run_dir)
+    if newest and newest[1].get("metrics"):
+        report(with_clock(dict(newest[1]["metrics"]), scale), newest[0])
 
 
 def tune_pipeline(
