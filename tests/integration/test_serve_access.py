@@ -39,6 +39,11 @@ def _deploy(digits, ws, app, auth):
     args = {"name": "digits", "version": digits.version, "workspace": str(ws.root), "tracking_uri": ws.tracking_uri_override,
             "framework": "torch", "auth": auth}
     serve.run(build_app(args), name=app, route_prefix=f"/{app}")
+    # RUNNING comes a moment before the ingress routes the prefix (its 404 is no request of the app's,
+    # and the module counts every request it sends against the app's metrics): as rayline's deploy waits.
+    from rayline.serve.address import ServeAddress, wait_routed
+
+    assert wait_routed(ServeAddress("127.0.0.1", PORT, existing=True), [f"/{app}"], "127.0.0.1")
     return f"http://127.0.0.1:{PORT}/{app}"
 
 

@@ -9,11 +9,13 @@ printed URL then belonged to that other process.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 from rayline.errors import ServeError
 
-__all__ = ["ServeAddress", "serve_address", "check_port_free"]
+__all__ = ["ServeAddress", "serve_address", "check_port_free", "wait_routed"]
 
 _WILDCARD = ("0.0.0.0", "::", "")
 _warned: set = set()  # (running, requested) pairs warned about: once a process, not at each check
@@ -79,8 +81,6 @@ def serve_address(host: str, port: int) -> ServeAddress:
     running = running_serve_http()
     if running is not None:
         if (running[1] != port or running[0] not in (host, *_WILDCARD)) and (running, (host, port)) not in _warned:
-            import logging
-
             _warned.add((running, (host, port)))
             logging.getLogger("rayline.serve").warning(
                 "Serve already runs on this cluster at %s:%s; the requested %s:%s is ignored (Ray keeps the HTTP "
@@ -89,3 +89,47 @@ def serve_address(host: str, port: int) -> ServeAddress:
     if _serve_runs_here():
         check_port_free(host, port)
     return ServeAddress(host, port, existing=False)
+
+
+def wait_routed(address: ServeAddress, routes, requested_host: str, timeout_s: float = 60.0) -> bool:
+    """Until Serve's HTTP ingress on this machine lists every prefix of `routes` at `/-/routes`.
+
+    An application is RUNNING (what `serve.run` and `wait_running` wait for) a moment before the
+    ingress routes it: HAProxy reloads its configuration after the controller's next broadcast,
+    and a request in between got HAProxy's own 404 "Path ... not found" (seen on the 2-core box at
+    load average 14: the first request of a freshly deployed app). The ingress's route list is
+    rendered from the same configuration as its routing, so once it lists a prefix, it routes it.
+
+    Best effort, never a failure of a deploy that Serve finished: no wait where no proxy of the
+    cluster runs on this machine, or where nothing answers there within 10 s (a node this
+    process cannot reach); a warning when the routes are still missing after `timeout_s`.
+    True once every route is listed."""
+    import httpx
+
+    if not _serve_runs_here():
+        return False
+    url = address.url("/-/routes", requested_host)
+    wanted = list(routes)
+    started = time.monotonic()
+    listed: dict = {}
+    while True:
+        try:
+            response = httpx.get(url, timeout=5)
+            if response.status_code == 404:
+                return False  # not Serve's ingress answering there: nothing to wait for
+            listed = response.json() if response.status_code == 200 else {}
+        except httpx.TransportError:
+            if time.monotonic() - started > 10:
+                return False
+            listed = {}
+        except ValueError:  # not JSON: an ingress draining or starting says so in text
+            listed = {}
+        if all(route in listed for route in wanted):
+            return True
+        if time.monotonic() - started > timeout_s:
+            logging.getLogger("rayline.serve").warning(
+                "Serve's HTTP ingress at %s does not list %s %g s after the applications started (it lists %s); "
+                "requests there may get a 404 until it does", url, ", ".join(r for r in wanted if r not in listed),
+                timeout_s, ", ".join(sorted(listed)) or "none")
+            return False
+        time.sleep(0.2)

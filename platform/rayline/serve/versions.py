@@ -25,7 +25,7 @@ from rayline.errors import ServeError
 from rayline.registry import Registry
 from rayline.serve.applications import (delete_apps, ensure_serve, live_versions, router_build_args, router_running,
                                         serve_apps, settings_record, start_early, start_router, start_version, version_app,
-                                        wait_running)
+                                        version_route, wait_running)
 from rayline.serve.champions import HISTORY_TAG, champion_history, record_deployment, set_champion
 from rayline.serve.routing_table import rollout_state, settle, write_routing_table
 
@@ -64,7 +64,7 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
     those (serve_settings.with_serve_overrides); a running version with other settings is updated. `created` collects the Serve applications this call started,
     for a caller that cleans up after an interruption; a deploy that fails before the new split is
     written deletes them itself (no router left answering 503 for a version that never came up)."""
-    from rayline.serve.address import serve_address
+    from rayline.serve.address import serve_address, wait_routed
     from rayline.serve.settings import with_serve_overrides
     from rayline.spec import ServeSpec
 
@@ -127,6 +127,8 @@ def deploy(name: str, version: str, *, ws, canary_percent: Optional[int] = None,
         start_router(name, route, build_args, serve_apps(), created)
     wait_running(early)
     settle(table)
+    # RUNNING is a moment before the HTTP ingress routes the new prefixes: the URL printed next must answer.
+    wait_routed(address, [route, version_route(route, version)], host)
     url = address.url(route, host)
     record_deployment(registry, name, version, action="deploy", role="canary" if percent else "champion",
                       percent=percent or 100, route=route, url=url, gate=gate if percent else None,
