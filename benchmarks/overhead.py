@@ -35,9 +35,10 @@ Sections, each run here, in one process tree, and printed as a ratio:
   validation and checkpoints, the report to Tune. No baseline run: issue 37's targets are 2 s
   (one worker) and 4 s (two).
 - **quickstart**: the README's first command after the install, `rayline run
-  pipelines/digits-torch.yaml` (4-trial ASHA sweep, 2 workers each, then served), from its start
-  to the endpoint answering and Ray stopped (`--exit-after-deploy`), in a fresh workspace; with
-  its phases. No baseline: the issue's target is 45 s.
+  pipelines/digits-torch.yaml` (4-trial ASHA sweep, 2 workers as one process, then served), in a
+  fresh workspace, as a user runs it: from its start to the first 200 of the printed route's
+  /predict, then Ctrl-C (SIGINT) to the command's exit (Ray stopped); with its phases. No
+  baseline: the issue's target is 45 s to a served model.
 
 The load average is printed: on a shared machine it says how much to trust the figures.
 """
@@ -393,20 +394,50 @@ def xgboost_section(tmp: Path, args) -> dict:
 
 
 def quickstart_section(tmp: Path, args) -> dict:
+    """The README's first command as a user runs it: `rayline run pipelines/digits-torch.yaml` in a
+    fresh workspace, timed to the first 200 of the endpoint's /predict (what "to a served model"
+    means to a user, and issue 37's target), then Ctrl-C (SIGINT), timed to the process's exit."""
+    import signal
+
+    import httpx
+
     env = {**os.environ, "PYTHONPATH": str(ROOT / "platform") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("RAY_ADDRESS", None)
     ws = tmp / "ws-quickstart"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/digits/predict"
+    row = {"instances": [{f"pixel_{i}_{j}": 1.0 for i in range(8) for j in range(8)}]}
+    log = tmp / "quickstart.log"
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "rayline.cli", "run", str(ROOT / "pipelines" / "digits-torch.yaml"),
-                           "-w", str(ws), "--port", str(_free_port()), "--exit-after-deploy"],
-                          env=env, capture_output=True, text=True)
-    wall = time.monotonic() - started
-    if done.returncode:
-        raise SystemExit(f"the quick start failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rayline.cli", "run", str(ROOT / "pipelines" / "digits-torch.yaml"),
+                                 "-w", str(ws), "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                # a shell's background job ignores SIGINT; the user's terminal delivers it
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    served = None
+    try:
+        while served is None:
+            if proc.poll() is not None:
+                raise SystemExit(f"the quick start exited {proc.returncode} before serving:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.post(url, json=row, timeout=5).status_code == 200:
+                    served = time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+        stop_s = time.monotonic() - interrupted
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     from rayline.pipeline.record import RECORD_FILE
 
     record = json.loads(next((ws / "runs").glob(f"*/{RECORD_FILE}")).read_text())
-    return {"wall_s": wall, "phases": record.get("phases", {})}
+    return {"served_s": served, "ctrl_c_to_exit_s": stop_s, "exit_code": proc.returncode,
+            "phases": record.get("phases", {})}
 
 
 def main() -> None:
@@ -489,8 +520,10 @@ def main() -> None:
                     f"{k} {v:.1f}" for k, v in r[f"{where}_phases"].items() if k != "trials"), flush=True)
         if "quickstart" in sections:
             r = results["quickstart"] = quickstart_section(tmp, args)
-            rows.append(["README quick start to a served model, Ray stopped (s)", "-", f"{r['wall_s']:.1f}",
-                         f"{r['wall_s'] / 45:.1f}x the 45-s target"])
+            rows.append(["README quick start to a served model: the first 200 of /predict (s)", "-", f"{r['served_s']:.1f}",
+                         f"{r['served_s'] / 45:.2f}x the 45-s target"])
+            rows.append(["README quick start: Ctrl-C to the command's exit, Ray stopped (s)", "-",
+                         f"{r['ctrl_c_to_exit_s']:.1f}", f"exit code {r['exit_code']}"])
             print("quickstart: phases (s) " + ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items() if k != "trials"),
                   flush=True)
     finally:

@@ -91,7 +91,8 @@ def serve_address(host: str, port: int) -> ServeAddress:
     return ServeAddress(host, port, existing=False)
 
 
-def wait_routed(address: ServeAddress, routes, requested_host: str, timeout_s: float = 60.0) -> bool:
+def wait_routed(address: ServeAddress, routes, requested_host: str, timeout_s: float = 60.0, *,
+                unreachable_s: float = 10.0, here: bool | None = None) -> bool:
     """Until Serve's HTTP ingress on this machine lists every prefix of `routes` at `/-/routes`.
 
     An application is RUNNING (what `serve.run` and `wait_running` wait for) a moment before the
@@ -101,12 +102,12 @@ def wait_routed(address: ServeAddress, routes, requested_host: str, timeout_s: f
     rendered from the same configuration as its routing, so once it lists a prefix, it routes it.
 
     Best effort, never a failure of a deploy that Serve finished: no wait where no proxy of the
-    cluster runs on this machine, or where nothing answers there within 10 s (a node this
-    process cannot reach); a warning when the routes are still missing after `timeout_s`.
-    True once every route is listed."""
+    cluster runs on this machine (`here`: computed when None), or where nothing answers there
+    within `unreachable_s` (a node this process cannot reach); a warning when the routes are
+    still missing after `timeout_s`. True once every route is listed."""
     import httpx
 
-    if not _serve_runs_here():
+    if not (_serve_runs_here() if here is None else here):
         return False
     url = address.url("/-/routes", requested_host)
     wanted = list(routes)
@@ -119,7 +120,7 @@ def wait_routed(address: ServeAddress, routes, requested_host: str, timeout_s: f
                 return False  # not Serve's ingress answering there: nothing to wait for
             listed = response.json() if response.status_code == 200 else {}
         except httpx.TransportError:
-            if time.monotonic() - started > 10:
+            if time.monotonic() - started > unreachable_s:
                 return False
             listed = {}
         except ValueError:  # not JSON: an ingress draining or starting says so in text
