@@ -3,6 +3,7 @@ retries with the honoured Retry-After, connection failures, no retry on 4xx, chu
 order, re-chunking to the server's max_instances, NaN as null, the API key header."""
 
 import json
+import math
 import socket
 import threading
 import time
@@ -123,7 +124,12 @@ def test_429_with_retry_after_then_503_then_200_honours_the_delay_and_counts_att
 def test_retry_after_as_an_http_date_and_its_cap():
     assert parse_retry_after("2") == 2.0 and parse_retry_after("0.5") == 0.5 and parse_retry_after("-3") == 0.0
     assert parse_retry_after(None) is None and parse_retry_after("soon") is None
-    assert 9.0 <= parse_retry_after(formatdate(time.time() + 10, usegmt=True)) <= 10.5
+    # An HTTP date has whole seconds: "ten seconds from now" is written up to a second early (S2 of
+    # 2026-12-01: written at x.9999 s, it parsed as 8.99999 s). Against a given clock it is exact.
+    whole = math.floor(time.time())
+    assert parse_retry_after(formatdate(whole + 10, usegmt=True), now=whole) == 10.0
+    assert parse_retry_after(formatdate(whole + 10, usegmt=True), now=whole + 0.25) == 9.75
+    assert 8.0 < parse_retry_after(formatdate(time.time() + 10, usegmt=True)) <= 10.0  # and against this clock
     assert parse_retry_after(formatdate(time.time() - 100, usegmt=True)) == 0.0
     assert backoff_delay(0, 0.5, 30.0, retry_after=3600.0) == 30.0  # a server asking for an hour is capped
     delays = [backoff_delay(4, 0.5, 30.0) for _ in range(500)]
