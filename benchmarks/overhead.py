@@ -414,16 +414,22 @@ def quickstart_section(tmp: Path, args) -> dict:
                                  "-w", str(ws), "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
                                 # a shell's background job ignores SIGINT; the user's terminal delivers it
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    served = None
+    # The route can answer a moment before the command has finished its deploy stage and printed the
+    # URL (the deployment record, the summary): Ctrl-C only once it has, or the run ends "interrupted
+    # while deploying" and keeps no phases. Both moments are reported.
+    served = printed = None
     try:
-        while served is None:
+        while served is None or printed is None:
             if proc.poll() is not None:
                 raise SystemExit(f"the quick start exited {proc.returncode} before serving:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.post(url, json=row, timeout=5).status_code == 200:
-                    served = time.monotonic() - started
-            except httpx.HTTPError:
-                pass
+            if served is None:
+                try:
+                    if httpx.post(url, json=row, timeout=5).status_code == 200:
+                        served = time.monotonic() - started
+                except httpx.HTTPError:
+                    pass
+            if printed is None and "Press Ctrl-C to stop" in log.read_text():
+                printed = time.monotonic() - started
             time.sleep(0.1)
         interrupted = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -436,7 +442,7 @@ def quickstart_section(tmp: Path, args) -> dict:
     from rayline.pipeline.record import RECORD_FILE
 
     record = json.loads(next((ws / "runs").glob(f"*/{RECORD_FILE}")).read_text())
-    return {"served_s": served, "ctrl_c_to_exit_s": stop_s, "exit_code": proc.returncode,
+    return {"served_s": served, "printed_s": printed, "ctrl_c_to_exit_s": stop_s, "exit_code": proc.returncode,
             "phases": record.get("phases", {})}
 
 
@@ -522,6 +528,8 @@ def main() -> None:
             r = results["quickstart"] = quickstart_section(tmp, args)
             rows.append(["README quick start to a served model: the first 200 of /predict (s)", "-", f"{r['served_s']:.1f}",
                          f"{r['served_s'] / 45:.2f}x the 45-s target"])
+            rows.append(["README quick start: the URL printed, deploy stage done (s)", "-", f"{r['printed_s']:.1f}",
+                         f"{r['printed_s'] / 45:.2f}x the 45-s target"])
             rows.append(["README quick start: Ctrl-C to the command's exit, Ray stopped (s)", "-",
                          f"{r['ctrl_c_to_exit_s']:.1f}", f"exit code {r['exit_code']}"])
             print("quickstart: phases (s) " + ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items() if k != "trials"),
