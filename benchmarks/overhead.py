@@ -37,7 +37,8 @@ Sections, each run here, in one process tree, and printed as a ratio:
 - **quickstart**: the README's first command after the install, `rayline run
   pipelines/digits-torch.yaml` (4-trial ASHA sweep, 2 workers as one process, then served), in a
   fresh workspace, as a user runs it: from its start to the first 200 of the printed route's
-  /predict, then Ctrl-C (SIGINT) to the command's exit (Ray stopped); with its phases. No
+  /predict and to the printed URL, then Ctrl-C (SIGINT) to the command's exit (Ray stopped);
+  with its phases. No
   baseline: the issue's target is 45 s to a served model.
 
 The load average is printed: on a shared machine it says how much to trust the figures.
@@ -396,7 +397,8 @@ def xgboost_section(tmp: Path, args) -> dict:
 def quickstart_section(tmp: Path, args) -> dict:
     """The README's first command as a user runs it: `rayline run pipelines/digits-torch.yaml` in a
     fresh workspace, timed to the first 200 of the endpoint's /predict (what "to a served model"
-    means to a user, and issue 37's target), then Ctrl-C (SIGINT), timed to the process's exit."""
+    means to a user, and issue 37's target) and to the printed URL, then Ctrl-C (SIGINT), timed to
+    the process's exit."""
     import signal
 
     import httpx

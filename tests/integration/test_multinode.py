@@ -89,13 +89,11 @@ def _checkpoint_epochs(run_dir: str) -> list[int]:
     snapshot is missing or half-written: the workers write a checkpoint's folder before the
     controller registers it, and a kill in between restores the one before (S1 of 2026-12-01: the
     scan showed epoch 1, the controller had registered only epoch 0, and the run resumed from 0)."""
-    from rayline.storage import read_json
     from rayline.train.loop import read_state
-    from rayline.train.run import _SNAPSHOT
+    from rayline.train.run import snapshot_checkpoints
 
-    snapshot = read_json(os.path.join(run_dir, _SNAPSHOT)) if os.path.isdir(run_dir) else None
-    names = [r["checkpoint_dir_name"] for r in (snapshot or {}).get("checkpoint_results", [])]
-    return sorted(s["epoch"] for s in (read_state(os.path.join(run_dir, n)) for n in names) if s)
+    registered = snapshot_checkpoints(run_dir) if os.path.isdir(run_dir) else None
+    return sorted(s["epoch"] for s in map(read_state, registered or []) if s)
 
 
 def _wait(what: str, check, proc, log, timeout_s: float):

@@ -119,11 +119,11 @@ def wait_routed(address: ServeAddress, routes, requested_host: str, timeout_s: f
             if response.status_code == 404:
                 return False  # not Serve's ingress answering there: nothing to wait for
             listed = response.json() if response.status_code == 200 else {}
-        except httpx.TransportError:
+        except ValueError:  # not JSON: an ingress draining or starting says so in text
+            listed = {}
+        except httpx.HTTPError:  # nothing answers there (yet), or it answered nothing readable
             if time.monotonic() - started > unreachable_s:
                 return False
-            listed = {}
-        except ValueError:  # not JSON: an ingress draining or starting says so in text
             listed = {}
         if all(route in listed for route in wanted):
             return True

@@ -17,7 +17,7 @@ from rayline.train.loop import STREAMED, read_state
 from rayline.train.splits import ARRAYS_KEY
 
 __all__ = ["TrainResult", "train", "scaling_config", "loop_config", "datasets_of", "locate_best", "set_aside_unreadable_snapshot",
-           "checkpoint_keep", "START_RETRIES", "START_TIMEOUT_ENV"]
+           "snapshot_checkpoints", "checkpoint_keep", "START_RETRIES", "START_TIMEOUT_ENV"]
 
 # Keep the best checkpoint by the metric plus the latest (Ray Train never deletes the
 # latest: resume needs it). Older, worse checkpoints are removed as training goes.
@@ -329,17 +329,27 @@ def newest_complete_checkpoint(run_dir: str) -> tuple[str, dict] | None:
     return max(complete, key=lambda c: c[1]["epoch"]) if complete else None
 
 
+def snapshot_checkpoints(run_dir: str) -> list[str] | None:
+    """The checkpoint dirs Ray Train's controller has registered, from its snapshot only; None when
+    the snapshot is missing, half-written or shaped otherwise (an older or newer Ray). The workers
+    write a checkpoint's folder before the controller registers it: a folder is not a registration."""
+    try:
+        names = [r["checkpoint_dir_name"] for r in read_json(join(run_dir, _SNAPSHOT))["checkpoint_results"]]
+    except (KeyError, TypeError):
+        return None
+    return [join(run_dir, name) for name in names]
+
+
 def _registered_checkpoints(run_dir: str) -> list[str]:
     """The checkpoint dirs Ray Train's checkpoint manager kept; every checkpoint_* if it left no record.
 
     `run_dir` is a local path or a URI (the run's storage): read through rayline.storage."""
-    try:
-        names = [r["checkpoint_dir_name"] for r in read_json(join(run_dir, _SNAPSHOT))["checkpoint_results"]]
-        return [join(run_dir, name) for name in names]
-    except (KeyError, TypeError):
-        # Missing, or an older or newer Ray names or shapes this record differently: fall
-        # back to scanning, which is right whenever no attempt died mid-checkpoint.
-        return [join(run_dir, name) for name in list_names(run_dir) if name.startswith("checkpoint_")]
+    registered = snapshot_checkpoints(run_dir)
+    if registered is not None:
+        return registered
+    # Missing, or an older or newer Ray names or shapes this record differently: fall
+    # back to scanning, which is right whenever no attempt died mid-checkpoint.
+    return [join(run_dir, name) for name in list_names(run_dir) if name.startswith("checkpoint_")]
 
 
 def _root(exc: BaseException) -> str:
