@@ -121,19 +121,22 @@ def test_a_sweep_killed_then_interrupted_resumes_keeping_finished_trials(tmp_pat
     def trial_dirs() -> list[Path]:
         return [d for d in runs.glob("*/trial-*") if d.is_dir()]
 
-    # Tune numbers the trials in the order its generator draws them (_00000, _00001, ...): the long one's.
-    long_suffix = next(f"_{i:05d}" for i, c in enumerate(_expected_configs(parse_spec(raw)))
-                       if c["model.params.num_boost_round"] == ROUNDS[1])
+    # Tune numbers the trials in the order its generator draws them (_00000, _00001, ...): each trial's
+    # suffix names its length. Never told apart by how far their checkpoints got: under load the long
+    # trial was once at the short one's last epoch (3) when the third had already ended (CI of 605d2ab).
+    suffix = {c["model.params.num_boost_round"]: f"_{i:05d}" for i, c in enumerate(_expected_configs(parse_spec(raw)))}
+    short_suffix, long_suffix = suffix[ROUNDS[0]], suffix[ROUNDS[1]]
+
+    def epochs_of(trial_suffix: str) -> list[int]:
+        return [max(_states(ws, d), default=-1) for d in trial_dirs() if d.name.endswith(trial_suffix)]
 
     def short_finished_and_next_started() -> bool:
         """... and the long trial is past its first checkpoint (on a loaded machine its Train run
         starts up to a minute late, and the third trial can start before it checkpoints once)."""
-        dirs = trial_dirs()
-        long_dirs = [d for d in dirs if d.name.endswith(long_suffix)]
-        long_epochs = [max(_states(ws, d), default=-1) for d in long_dirs]
+        long_epochs = epochs_of(long_suffix)
         assert not any(e == ROUNDS[1] - 1 for e in long_epochs), \
             "the long trial finished before the short one had ended and the third started (make ROUNDS[1] longer)"
-        return (len(dirs) >= 3 and any(max(_states(ws, d), default=-1) == ROUNDS[0] - 1 for d in dirs)
+        return (len(trial_dirs()) >= 3 and ROUNDS[0] - 1 in epochs_of(short_suffix)
                 and any(e > 0 for e in long_epochs))
 
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
@@ -197,11 +200,12 @@ def test_a_sweep_killed_then_interrupted_resumes_keeping_finished_trials(tmp_pat
     # Tune's own period (10 s or more) would still show it RUNNING, and resume would run it again.
     saved = _saved_trials(ws)
     by_dir = {d.name.removeprefix("trial-"): d for d in trial_dirs()}
-    short_id = next(t for t, d in by_dir.items() if max(_states(ws, d), default=-1) == ROUNDS[0] - 1)
+    (short_id,) = [t for t in by_dir if t.endswith(short_suffix)]
+    assert max(_states(ws, by_dir[short_id])) == ROUNDS[0] - 1
     assert saved[short_id]["status"] == "TERMINATED", {t: s["status"] for t, s in saved.items()}
     short_before = _states(ws, by_dir[short_id])
-    long_id = next(t for t, d in by_dir.items() if saved.get(t, {}).get("config", {}).get("model.params.num_boost_round")
-                   == ROUNDS[1])
+    (long_id,) = [t for t in by_dir if t.endswith(long_suffix)]
+    assert saved[long_id]["config"]["model.params.num_boost_round"] == ROUNDS[1]
     assert 0 < max(_states(ws, by_dir[long_id]), default=-1) < ROUNDS[1] - 1, "the long trial was not mid-way when killed"
     long_before = _registered_epoch(by_dir[long_id])
 
