@@ -238,3 +238,32 @@ def test_drift_then_new_data_retrain_judge_and_promote_a_canary_under_load(loop_
     assert _status() == {}
     missing = rayline("retrain", "status", NAME, "-w", str(ws.root))
     assert missing.returncode != 0 and "no retrain loop runs on this cluster" in missing.stderr
+
+    # `rayline serve deploy` of a version whose spec has a retrain section starts its loop again (the
+    # bad file goes first: the fresh loop would retrain on it at once) ...
+    (folder / "c.csv").unlink()
+    deployed = rayline("serve", "deploy", NAME, "--version", challenger, "-w", str(ws.root), "--port", str(LOOP_PORT))
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    assert f"version {challenger} is the champion" in deployed.stdout
+    assert f"retrain loop of {NAME}: watching (drift, data_change" in deployed.stdout, deployed.stdout
+    _wait_for("the redeployed loop watching", lambda: _status().get("record", {}).get("state") == "watching")
+    # ... and `rayline serve delete` takes the model off Serve: the loop stopped, every app of it gone,
+    # the route answering 404, the registry as it was (versions and champion kept).
+    from ray import serve
+
+    from rayline.serve.routing_table import rollout_state
+
+    versions_now = len(registry.model_versions(NAME))
+    deleted = rayline("serve", "delete", NAME, "-w", str(ws.root))
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    assert f"model {NAME}: deleted from Serve ({NAME}, " in deleted.stdout and f"{NAME}-v{challenger}" in deleted.stdout
+    assert "its retrain loop is stopped" in deleted.stdout, deleted.stdout
+    assert _status() == {} and rollout_state(NAME) is None
+    assert not [a for a in serve.status().applications if a == NAME or a.startswith(f"{NAME}-")]
+    _wait_for("the deleted route's 404", lambda: httpx.post(f"{summary.endpoint}/predict", json={"instances": instances[:1]},
+                                                            timeout=30).status_code == 404, 60)
+    assert len(registry.model_versions(NAME)) == versions_now and registry.alias_version(NAME, "champion") == challenger
+    entry = json.loads(registry.version_details(NAME, challenger)[0].tags["rayline.deployments"])[-1]
+    assert (entry["action"], entry["role"], entry["was_percent"]) == ("delete", "deleted", 100), entry
+    gone = rayline("serve", "delete", NAME, "-w", str(ws.root))
+    assert gone.returncode == 1 and gone.stderr.startswith(f"error: model {NAME}: not served on this cluster"), gone.stderr

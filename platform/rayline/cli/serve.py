@@ -12,7 +12,7 @@ from rich.table import Table
 from rayline.cli.apps import serve_app
 from rayline.cli.options import ServeAddressOpt, WorkspaceOpt, open_workspace
 from rayline.console import console, err_console, styled
-from rayline.errors import RaylineError
+from rayline.errors import RaylineError, ServeError
 
 
 @serve_app.command("status")
@@ -161,8 +161,18 @@ def serve_deploy(
         if min_requests is not None and spec.gate() is None:
             raise RaylineError(f"--min-requests: only with --max-error-rate or --max-p99-ms (got --min-requests {min_requests})")
         gate = spec.gate()
-    _rollout(workspace, address, lambda ws: versions.deploy(name, version, ws=ws, canary_percent=canary, gate=gate,
-                                                            host=host, port=port, overrides=overrides).message)
+    def deploy_and_loop(ws) -> str:
+        rollout = versions.deploy(name, version, ws=ws, canary_percent=canary, gate=gate, host=host, port=port,
+                                  overrides=overrides)
+        if canary is not None:
+            return rollout.message
+        # A new champion: the retrain loop of the spec it was trained with, when that spec has one.
+        from rayline.retrain.loop import start_for_version
+
+        loop = start_for_version(name, rollout.champion, ws)
+        return rollout.message + (f"\n{loop}" if loop else "")
+
+    _rollout(workspace, address, deploy_and_loop)
 
 
 @serve_app.command("promote")
@@ -191,6 +201,27 @@ def serve_remove(name: str = typer.Argument(..., help="Registered model name."),
     from rayline.serve import versions
 
     _rollout(workspace, address, lambda ws: versions.remove(name, version, ws=ws))
+
+
+@serve_app.command("delete")
+def serve_delete(name: str = typer.Argument(..., help="Registered model name."),
+                 address: Optional[str] = ServeAddressOpt, workspace: Optional[Path] = WorkspaceOpt) -> None:
+    """Take the model off Serve: its retrain loop, router, versions and V2 app (the registry keeps its versions)."""
+    from rayline.retrain.loop import stop_loop
+    from rayline.serve import versions
+
+    def delete(ws) -> str:
+        # The loop first: it would deploy a canary into the endpoint being deleted.
+        stopped = stop_loop(name, "stopped by `rayline serve delete`")
+        try:
+            message = versions.delete(name, ws=ws)
+        except ServeError:
+            if not stopped:
+                raise
+            return f"model {name}: retrain loop stopped; nothing of it was served"
+        return message + ("; its retrain loop is stopped" if stopped else "")
+
+    _rollout(workspace, address, delete)
 
 
 @serve_app.command("export")

@@ -211,7 +211,9 @@ def run_pipeline(
         seconds["deploy"] = time.monotonic() - t0
     retrain = None
     if endpoint and spec.retrain is not None:
-        retrain = _start_retrain_loop(spec, ws)
+        from rayline.retrain.loop import start_loop_line
+
+        retrain = start_loop_line(spec, ws)  # the model is served: a loop that cannot start is said, not a failed run
 
     winner, data = trained.winner, trained.data
     phases.update(seconds)
@@ -228,19 +230,6 @@ def run_pipeline(
         throughput=mean_throughput(winner.history), phases=phases, record_folder=folder,
         trained_on=device, judgement=registered.judgement, retrain=retrain,
     )
-
-
-def _start_retrain_loop(spec, ws) -> str:
-    """The model's retrain loop (rayline/retrain/loop.py), started or given this spec: a line for
-    the summary. The model is served already: a loop that cannot start is said, not a failed run."""
-    from rayline.errors import RaylineError
-    from rayline.retrain.loop import start_loop
-
-    try:
-        return start_loop(spec, ws)
-    except Exception as exc:  # noqa: BLE001 - see above
-        detail = str(exc) if isinstance(exc, RaylineError) else f"{type(exc).__name__}: {exc}"
-        return f"retrain loop of {spec.name} not started: {' '.join(detail.split())[:300]}"
 
 
 def _continue_from(registry, run_id: str, previous: dict) -> None:

@@ -31,7 +31,8 @@ from typing import Optional
 from rayline.retrain.decisions import add_decision, backoff_s, canary_verdict, due, new_record, note_drift
 from rayline.retrain.reason import RETRAIN_REASON_ENV
 
-__all__ = ["LOOP_NAMESPACE", "loop_name", "start_loop", "loop_status", "stop_loop", "RetrainLoop"]
+__all__ = ["LOOP_NAMESPACE", "loop_name", "start_loop", "start_loop_line", "start_for_version", "loop_status", "stop_loop",
+           "RetrainLoop"]
 
 LOOP_NAMESPACE = "rayline"
 _TAIL_CHARS = 400  # of a failed retrain's output, in its decision
@@ -407,6 +408,30 @@ def start_loop(spec, ws) -> str:
     ray.get(handle.update_spec.remote(spec_raw))
     retrain = spec.retrain
     return f"retrain loop of {spec.name}: watching ({', '.join(retrain.on)}; `rayline retrain status {spec.name}`)"
+
+
+def start_loop_line(spec, ws) -> str:
+    """start_loop's line, or one saying why the loop did not start: a caller whose model is served
+    already (`rayline run`, `rayline serve deploy`) says it and carries on."""
+    from rayline.errors import RaylineError
+
+    try:
+        return start_loop(spec, ws)
+    except Exception as exc:  # noqa: BLE001 - see above
+        detail = str(exc) if isinstance(exc, RaylineError) else f"{type(exc).__name__}: {exc}"
+        return f"retrain loop of {spec.name} not started: {' '.join(detail.split())[:300]}"
+
+
+def start_for_version(name: str, version: str, ws) -> Optional[str]:
+    """After `rayline serve deploy NAME --version N` made N the champion: the loop of the spec N was
+    trained with, when that spec has a retrain section (a line for the user), else None. A running
+    loop is handed that spec, as a second `rayline run` hands it its own."""
+    from rayline.registry import Registry
+    from rayline.serve.export import version_spec
+
+    registry = Registry(ws)
+    spec = version_spec(registry, registry.resolve(name, str(version)))
+    return start_loop_line(spec, ws) if spec.retrain is not None else None
 
 
 def _handle(name: str):

@@ -200,14 +200,25 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def delete_apps(apps: list) -> None:
+def delete_apps(apps: list, timeout_s: float = 60.0) -> None:
+    """Delete Serve applications, all at once, and wait until they are gone (best effort: what is
+    still listed after `timeout_s` is left to Serve). One blocking delete after another took ~3 s
+    an application on the 2-core machine; asked together they go in about the time of one."""
     from ray import serve
 
+    asked = []
     for app in apps:
         try:
-            serve.delete(app)
+            serve.delete(app, _blocking=False)
+            asked.append(app)
         except Exception:  # noqa: BLE001 - best effort
             pass
+    deadline = time.monotonic() + timeout_s
+    while asked and time.monotonic() < deadline:
+        listed = serve_apps()
+        asked = [a for a in asked if a in listed]
+        if asked:
+            time.sleep(0.2)
 
 
 def router_build_args(ws, framework: Optional[str], settings: dict) -> dict:

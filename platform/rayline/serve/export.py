@@ -25,14 +25,14 @@ from typing import Any, Optional
 
 from rayline.errors import ServeError
 
-__all__ = ["export_config", "config_for", "write_config", "build_router_app", "build_oip_router_app",
+__all__ = ["export_config", "version_spec", "config_for", "write_config", "build_router_app", "build_oip_router_app",
            "ROUTER_IMPORT_PATH", "OIP_ROUTER_IMPORT_PATH"]
 
 ROUTER_IMPORT_PATH = "rayline.serve.export:build_router_app"
 OIP_ROUTER_IMPORT_PATH = "rayline.serve.export:build_oip_router_app"
 
 
-def _version_spec(registry, mv):
+def version_spec(registry, mv):
     """The PipelineSpec the version was trained with (its artifact's spec.yaml)."""
     import yaml
 
@@ -60,7 +60,7 @@ def export_config(ws, name: str, version: Optional[str] = None, *, cluster_works
         if version is None:
             notes.append(f"model {name} has no champion alias: exporting its newest version")
     mv = registry.resolve(name, None if version in (None, "latest") else str(version))
-    spec = _version_spec(registry, mv)
+    spec = version_spec(registry, mv)
     tracking_uri = ws.tracking_uri_override
     if tracking_uri and redact_uri(tracking_uri) != tracking_uri:
         # A credential written into a config file ends up in Serve's status and KubeRay's CR.

@@ -12,7 +12,7 @@ from typing import Optional
 
 from rayline.errors import ServeError
 
-__all__ = ["write_routing_table", "rollout_state", "forget_replicas", "settle", "canary_counts"]
+__all__ = ["write_routing_table", "rollout_state", "forget_replicas", "forget_routing_table", "settle", "canary_counts"]
 
 
 def _kv_get(key: bytes) -> Optional[dict]:
@@ -84,6 +84,17 @@ def forget_replicas(name: str) -> None:
     from rayline.serve.router import KV_NAMESPACE, ack_prefix
 
     _internal_kv_del(ack_prefix(name), del_by_prefix=True, namespace=KV_NAMESPACE)
+
+
+def forget_routing_table(name: str) -> None:
+    """Drop model `name`'s table, its gate's decision and its replicas' acks (its endpoint was deleted)."""
+    from ray.experimental.internal_kv import _internal_kv_del
+
+    from rayline.serve.router import KV_NAMESPACE, gate_key, routing_key
+
+    for key in (routing_key(name), gate_key(name)):
+        _internal_kv_del(key, namespace=KV_NAMESPACE)
+    forget_replicas(name)
 
 
 def _replica_acks(name: str) -> dict[str, dict]:

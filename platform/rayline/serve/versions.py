@@ -1,6 +1,6 @@
 """Rollouts of a registered model's versions on Ray Serve: deploy (as champion or canary),
-promote, rollback, remove. Used by the CLI (`rayline serve deploy|promote|rollback|remove`) and
-by `rayline run`.
+promote, rollback, remove one version, delete the whole endpoint. Used by the CLI (`rayline serve
+deploy|promote|rollback|remove|delete`) and by `rayline run`.
 
 Layout on Serve, for model NAME served at ROUTE (rayline/serve/applications.py):
 - application `NAME-vN` at `ROUTE/v/N`: version N's own ModelServer (build_app with version N).
@@ -29,7 +29,7 @@ from rayline.serve.applications import (delete_apps, ensure_serve, live_versions
 from rayline.serve.champions import HISTORY_TAG, champion_history, record_deployment, set_champion
 from rayline.serve.routing_table import rollout_state, settle, write_routing_table
 
-__all__ = ["Rollout", "deploy", "promote", "rollback", "remove", "check_canary_percent"]
+__all__ = ["Rollout", "deploy", "promote", "rollback", "remove", "delete", "check_canary_percent"]
 
 
 @dataclass
@@ -233,3 +233,34 @@ def remove(name: str, version: str, *, ws) -> str:
     delete_apps([version_app(name, version)])
     return f"model {name}: version {version} removed ({version_app(name, version)} deleted; still deployed: " \
            f"{', '.join(v for v in live if v != version) or 'none'})"
+
+
+def delete(name: str, *, ws) -> str:
+    """Take model `name` off Serve: its router, its versions' and its V2 applications, and the
+    routing table its routers followed. The registry keeps every version and the champion alias
+    (what is registered is not what is served): a later `serve deploy` serves it again. The shared
+    /v2 application goes with the last model it serves. Its retrain loop is the caller's to stop
+    first (`rayline serve delete` does): it would deploy a canary into the endpoint being deleted."""
+    from rayline.serve.oip import OIP_APP
+    from rayline.serve.router import oip_app
+    from rayline.serve.routing_table import forget_routing_table
+
+    apps = serve_apps()
+    mine = [a for a in (name, oip_app(name), *(version_app(name, v) for v in live_versions(name, apps))) if a in apps]
+    table = rollout_state(name, ws) or {}
+    if not mine and not table:
+        served = sorted(a for a in apps if router_running(a, apps))
+        raise ServeError(f"model {name}: not served on this cluster (got {name!r}; allowed: "
+                         f"{', '.join(served) or 'none served'})")
+    others = [a for a in apps if a not in mine and router_running(a, apps)]
+    shared = [OIP_APP] if OIP_APP in apps and not others else []
+    delete_apps(mine + shared)
+    forget_routing_table(name)
+    registry = Registry(ws)
+    if registry.alias_version(name, "canary"):
+        registry.delete_alias(name, "canary")  # no canary is live any more; the champion alias stays
+    for version, percent in (table.get("weights") or {}).items():
+        record_deployment(registry, name, version, action="delete", role="deleted", percent=0,
+                          route=table.get("route") or f"/{name}", was_percent=percent)
+    return f"model {name}: deleted from Serve ({', '.join(mine + shared) or 'nothing was running'}); its registered " \
+           f"versions are kept"
