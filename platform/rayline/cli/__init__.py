@@ -95,6 +95,23 @@ def main() -> None:
         sys.exit(1)
 
 
+def _join_threads_as_python_does() -> None:
+    """What the interpreter does first at exit (threading._shutdown): threading's own exit hooks,
+    then every non-daemon thread joined. The hooks come first for a reason: concurrent.futures'
+    wakes the idle workers of every thread pool still alive, which otherwise wait for work forever.
+    Joining before them hung `rayline run --no-serve` after its last line whenever MLflow's artifact
+    pool (pyfunc save_model's download, in the register stage) had not been garbage-collected yet."""
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)  # CPython 3.8-3.13
+    if shutdown is not None:
+        shutdown()
+        return
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+
+
 def entry() -> None:
     """The process's entry point (`rayline`, `python -m rayline.cli`): `main`, then a prompt exit.
 
@@ -104,7 +121,6 @@ def entry() -> None:
     printed its last line (2-core box, 2026-11-29). `main` itself returns, for callers in a process
     that goes on (tests/cli.py)."""
     import atexit
-    import threading
 
     try:
         main()
@@ -114,9 +130,7 @@ def entry() -> None:
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)  # sys.exit("message"), as Python prints it
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    _join_threads_as_python_does()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
