@@ -37,6 +37,10 @@ class BackendInfo:
     # Whether one worker may train in the driver's or a trial's own process (rayline/train/in_process.py):
     # the framework's process-wide setup can be made again by a later run in the same process.
     trains_in_process: bool = True
+    # Work (train rows x units) up to which N CPU workers of a one-node run train as one process of N
+    # threads (rayline/train/in_process.py): about what trains in the time Ray Train's controller and
+    # worker group cost to start and stop. None: the default there, a small MLP's rows x epochs.
+    one_process_max_work: int | None = None
 
 
 _MLP_PARAMS = frozenset({"hidden_sizes", "dropout"})
@@ -90,6 +94,10 @@ BACKENDS: dict[str, BackendInfo] = {
         import_returns="",
         precisions=frozenset({"fp32"}),
         grad_accumulation=False,
+        # A boosting round costs a fraction of an MLP epoch: 10 rounds over 800,000 rows took 2.1 s on two
+        # 1-thread workers, their worker group 9.6-9.9 s to start and stop (2-core box, 2026-12-03,
+        # benchmarks/overhead.py --only xgboost). 40M rows x rounds boost in about that time.
+        one_process_max_work=40_000_000,
     ),
 }
 

@@ -148,6 +148,16 @@ def test_only_a_one_cpu_worker_run_on_this_machine_s_one_node_ray_runs_in_proces
         half = ResourcePlan(cpus_per_worker=0.49, gpus_per_worker=0, concurrent_trials=2, threads_per_worker=1)
         assert "trained with 1 thread;" in one_process_reason(two, half, train_rows=1_000)  # 0.98 CPU: one thread
         assert one_process_reason(two, plan, train_rows=ONE_PROCESS_MAX_WORK // 10 + 1) is None  # too much work
+        # xgboost's rounds are cheaper than epochs: its own limit (BackendInfo.one_process_max_work), 40M
+        # rows x rounds. benchmarks/overhead.py's 1M-row job (800,000 train rows x 10 rounds) trains in process.
+        booster = parse_spec({"name": "x", "data": {"source": {"format": "sklearn", "name": "iris"}, "label": "target"},
+                              "task": "classification", "train": {"workers": 2},
+                              "model": {"framework": "xgboost", "kind": "gbdt", "params": {"num_boost_round": 10}}})
+        assert one_process_reason(booster, plan, train_rows=800_000) == (
+            "train.workers 2: 800,000 rows x 10 boosting rounds fit one process, trained with 2 threads; "
+            "train.in_process: never keeps 2 workers")
+        assert one_process_reason(booster, plan, train_rows=4_000_001) is None  # 40,000,010 rows x rounds
+        assert one_process_reason(two, plan, train_rows=800_000) is None  # the same rows x 10 epochs of an MLP
         assert one_process_reason(spec(workers=2, in_process="never"), plan, 1_000) is None
         assert one_process_reason(spec(workers=2, strategy="fsdp"), plan, 1_000) is None  # FSDP needs its group
         assert one_process_reason(spec(workers=2, grad_compression="powersgd"), plan, 1_000) is None

@@ -58,8 +58,9 @@ def runs_in_process(spec, plan) -> bool:
     return _ray_internals_here() and _one_node_here()
 
 
-# Work (train rows x epochs, or boosting rounds) up to which N CPU workers on a one-node Ray train as one
-# process with N threads. Ray Train's controller and N worker processes cost 10-14 s a run, and a sweep
+# Work (train rows x epochs) up to which N CPU workers on a one-node Ray train as one process with N
+# threads, unless the framework says otherwise (BackendInfo.one_process_max_work: xgboost's rounds are
+# cheaper). Ray Train's controller and N worker processes cost 10-14 s a run, and a sweep
 # pays them per trial (2-core box: benchmarks/overhead.py --only sweep, 22 s a 2-worker trial); a
 # million rows-epochs of a small model trains in about that time. Same global batch, same optimizer
 # steps: DDP averages the workers' gradients of their halves of a batch, one process computes the
@@ -91,8 +92,8 @@ def one_process_reason(spec, plan, train_rows: int) -> str | None:
     """Why `spec`'s N CPU workers train as one process with N threads here, as the start line says it;
     None when they train as the spec says. Only `train.in_process: auto`, a fixed N > 1, plain DDP (no
     FSDP, no gradient compression: they exist for a process group), a framework that trains in process,
-    CPU only, a Ray of one node that is this process's, and work (train rows x units) of at most
-    ONE_PROCESS_MAX_WORK."""
+    CPU only, a Ray of one node that is this process's, and work (train rows x units) of at most the
+    framework's one_process_max_work (ONE_PROCESS_MAX_WORK by default)."""
     from rayline.frameworks import BACKENDS
     from rayline.tune.clock import total_units
 
@@ -106,7 +107,8 @@ def one_process_reason(spec, plan, train_rows: int) -> str | None:
     if train.use_gpu or train.use_tpu or train.accelerator_type or plan.gpus_per_worker or plan.extra_per_worker:
         return None
     units = total_units(spec)
-    if train_rows * units > ONE_PROCESS_MAX_WORK or not space_keeps_process(spec):
+    limit = BACKENDS[spec.model.framework].one_process_max_work or ONE_PROCESS_MAX_WORK
+    if train_rows * units > limit or not space_keeps_process(spec):
         return None
     if not (_ray_internals_here() and _one_node_here()):
         return None
