@@ -136,15 +136,12 @@ def free_serve_apps_after_module(request):
             _LAST_ENDPOINT_MODULE, None):
         keep = _endpoint_apps("digits", apps)
         apps = [a for a in apps if a not in keep]
-    # All at once (one blocking delete after another took ~9 s for a module's two or three apps).
-    for name in apps:
-        serve.delete(name, _blocking=False)
-    import time
+    # All at once, waited for up to a minute (rayline's own delete: one blocking delete after another
+    # took ~9 s for a module's two or three apps).
+    from rayline.serve.applications import delete_apps
 
-    deadline = time.monotonic() + 60
-    while apps and time.monotonic() < deadline:
-        apps = [a for a in serve.status().applications if a in apps]
-        time.sleep(0.2)
+    delete_apps(apps, timeout_s=60)
+    apps = [a for a in serve.status().applications if a in apps]
     assert not apps, f"Serve apps still being deleted a minute later: {apps}"
     _wait_for_free_cpus(keep)
 

@@ -175,3 +175,15 @@ def test_a_failed_runs_reason_is_the_clis_error_line_not_rays_log(tmp_path):
     assert _tail(str(log)) == "error: data.source.path: cannot read csv data 'x/data': column x1 is not a number"
     log.write_text("a\nb\nKilled\n")
     assert _tail(str(log)) == "a | b | Killed" and _tail(str(tmp_path / "none.log")) == ""
+
+
+def test_a_deploy_whose_version_spec_cannot_be_read_says_why_the_loop_did_not_start(tmp_path):
+    """`rayline serve deploy` has deployed by then: a version it cannot read the spec of (here an
+    unregistered model) is one line for the user, not a failed command."""
+    from rayline.retrain.loop import start_for_version
+    from rayline.workspace import workspace
+
+    line = start_for_version("nomodel", "3", workspace(tmp_path / "ws").ensure())
+    assert line.startswith("retrain loop of nomodel not started: version 3's spec could not be read: model 'nomodel' "
+                           "version 3: not found in sqlite:"), line
+    assert "\n" not in line and "Traceback" not in line

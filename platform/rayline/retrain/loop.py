@@ -413,13 +413,18 @@ def start_loop(spec, ws) -> str:
 def start_loop_line(spec, ws) -> str:
     """start_loop's line, or one saying why the loop did not start: a caller whose model is served
     already (`rayline run`, `rayline serve deploy`) says it and carries on."""
-    from rayline.errors import RaylineError
-
     try:
         return start_loop(spec, ws)
     except Exception as exc:  # noqa: BLE001 - see above
-        detail = str(exc) if isinstance(exc, RaylineError) else f"{type(exc).__name__}: {exc}"
-        return f"retrain loop of {spec.name} not started: {' '.join(detail.split())[:300]}"
+        return f"retrain loop of {spec.name} not started: {_said(exc)}"
+
+
+def _said(exc: Exception) -> str:
+    """An exception as one short line: rayline's own message, or the type and text of another's."""
+    from rayline.errors import RaylineError
+
+    detail = str(exc) if isinstance(exc, RaylineError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(detail.split())[:300]
 
 
 def start_for_version(name: str, version: str, ws) -> Optional[str]:
@@ -430,7 +435,10 @@ def start_for_version(name: str, version: str, ws) -> Optional[str]:
     from rayline.serve.export import version_spec
 
     registry = Registry(ws)
-    spec = version_spec(registry, registry.resolve(name, str(version)))
+    try:
+        spec = version_spec(registry, registry.resolve(name, str(version)))
+    except Exception as exc:  # noqa: BLE001 - the deploy is done: an unreadable spec is said, not a failed deploy
+        return f"retrain loop of {name} not started: version {version}'s spec could not be read: {_said(exc)}"
     return start_loop_line(spec, ws) if spec.retrain is not None else None
 
 
