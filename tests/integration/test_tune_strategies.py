@@ -86,18 +86,49 @@ def test_median_stopping_cuts_trials_on_the_units_clock(ray_session, ws):
                                                                          rel=1e-6)
 
 
-def test_time_budget_stops_the_sweep_and_picks_among_stopped_trials(ray_session, ws):
+# A torch model whose training step sleeps: a trial that lasts as long as the time budget without
+# burning the CPUs of the machine meanwhile (5000 epochs of the plain MLP kept 2 cores busy for all
+# of the 45-s budget, and the lane beside this one waited for them).
+_SLOW_NET = '''
+import time
+
+
+def build(num_features, num_outputs, step_s=0.2):
+    import torch.nn as nn
+
+    class SlowStep(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(num_features, num_outputs)
+
+        def forward(self, x):
+            if self.training:
+                time.sleep(step_s)
+            return self.linear(x)
+
+    return SlowStep()
+'''
+
+
+def test_time_budget_stops_the_sweep_and_picks_among_stopped_trials(ray_session, ws, tmp_path):
     # Trials far longer than the budget: every one that started is cut by it. Two at once, both
     # started at the sweep's start. The budget must outlast the start-up, not measure it: on CI's
     # loaded 2 cores a trial's start-up once took all of a 35 s budget, and once all of 60 s
     # (2026-11-28: the trials' actors and Train controllers started 26-30 s into the sweep, their
     # workers 24-27 s after that). A one-worker trial now trains in its trial's actor (no
     # controller, no worker: train.in_process), so 45 s leaves the worst actor start seen 15 s.
-    spec = parse_spec(_raw("budget-iris", epochs=5000, tune={
+    import yaml
+
+    raw = _raw("budget-iris", epochs=5000, tune={
         "num_samples": 2, "scheduler": "fifo", "time_budget_s": 45,
-        "space": {"train.optimizer.lr": {"loguniform": [0.003, 0.05]}}}))
+        "space": {"train.optimizer.lr": {"loguniform": [0.003, 0.05]}}})
+    raw["model"] = {"framework": "torch", "import": "slow_net:build", "params": {"step_s": 0.2}}
+    (tmp_path / "slow_net.py").write_text(_SLOW_NET)
+    path = tmp_path / "budget.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    spec = parse_spec(raw)
     t0 = time.monotonic()
-    summary = run(spec, ws, deploy=False)
+    summary = run(spec, ws, deploy=False, spec_path=str(path))
     assert time.monotonic() - t0 < 240
     trained = [t for t in summary.trials if t.result is not None]
     assert trained and all(t.stop_reason == "time_budget" for t in summary.trials), \

@@ -78,7 +78,7 @@ def test_an_address_where_no_ray_answers_fails_fast_with_one_line(kind, closed_p
     (ws / "cluster.json").write_text(json.dumps({"address": f"127.0.0.1:{port}", "temp_dir": "/tmp/rayline-gone",
                                                  "loopback": True}))
     commands = _commands(port, ws)
-    with ThreadPoolExecutor(2) as pool:  # two at a time: the bound is per command, on a loaded machine
+    with ThreadPoolExecutor(3) as pool:  # three at a time: the bound is per command, on a loaded machine
         results = dict(zip(commands, pool.map(lambda args: _cli(args, ws), commands.values())))
     print(f"{kind}: " + ", ".join(f"{name} {took:.1f} s" for name, (_, took) in results.items()))
     for name, (proc, took) in results.items():
