@@ -16,7 +16,9 @@ import time
 
 import httpx
 import pytest
+import yaml
 
+from . import slow_model
 from .test_cluster import _cli
 
 _GCS = int(os.environ.get("RAYLINE_TEST_SUBMIT_GCS_PORT", "6411"))
@@ -82,6 +84,13 @@ def head(tmp_path_factory):
     (project / "data").mkdir(parents=True)
     write_iris_csv(project / "data" / "iris.csv")
     (project / "iris.yaml").write_text(SPEC)
+    # A run that lasts until it is stopped, its training step asleep (not 100,000 boosting rounds
+    # keeping a CPU busy while the test waits): the builder module beside the spec, sent with the project.
+    slow_model.write(project)
+    long = {**yaml.safe_load(SPEC), "name": "iris-long", "model": slow_model.MODEL,
+            "train": {"workers": 1, "metric": "accuracy", "epochs": 100_000, "batch_size": 16}}
+    del long["serve"]
+    (project / "iris-long.yaml").write_text(yaml.safe_dump(long))
     (project / ".gitignore").write_text("data/\n*.log\n")  # data is ignored by git, yet the job needs it
     (project / "debug.log").write_text("x")
     token = "rl-" + secrets.token_hex(16)
@@ -141,8 +150,9 @@ def test_submit_follow_runs_the_pipeline_and_jobs_show_it(head, tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     out = proc.stdout
     job = _job_id(out)
-    # What was shipped: the spec and its (git-ignored) data, not the ignored log.
-    assert "shipped: 2 files" in out and "left out: .gitignore/.rayignore: 1" in out, out[:2000]
+    # What was shipped: the project's two specs, the slow model's module and the (git-ignored) data, not
+    # the ignored log.
+    assert "shipped: 4 files" in out and "left out: .gitignore/.rayignore: 1" in out, out[:2000]
     assert f"workspace on the cluster: {head['ws']}" in out
     assert f"dashboard: http://127.0.0.1:{_DASH}/#/jobs/{job}" in out
     # The driver's progress, as plain lines while it runs, and the summary.
@@ -218,13 +228,8 @@ def test_a_failing_job_exits_with_its_drivers_code(head):
 
 
 def test_jobs_stop_stops_a_running_job(head):
-    # A long run, stopped while it trains: 100,000 boosting rounds, no early stopping (iris stops
-    # after ~1,000 rounds otherwise, and a one-worker run trains in the job's own process, where
-    # that took under a second: CI saw the job end before the stop), a checkpoint every round
-    # (~0.1 s each here, and slower as the booster grows).
-    proc = _run(head, "submit", str(head["project"] / "iris.yaml"), "--no-serve",
-                "--set", "model.params.num_boost_round=100000", "--set", "model.params.early_stopping_rounds=0",
-                "--set", "model.params.checkpoint_every=1", "--set", "name=iris-long")
+    # A long run, stopped while it trains: 100,000 epochs of a model whose step sleeps (slow_model.py).
+    proc = _run(head, "submit", str(head["project"] / "iris-long.yaml"), "--no-serve")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = _job_id(proc.stdout)
     assert f"follow:  rayline jobs logs {job} --follow" in proc.stdout and f"rayline jobs stop {job}" in proc.stdout

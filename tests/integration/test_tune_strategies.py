@@ -16,6 +16,7 @@ from rayline.spec import parse_spec
 from rayline.storage import list_names
 from rayline.train.loop import read_state
 from tests.integration.conftest import run
+from tests.integration import slow_model
 from tests.integration.restore_evidence import assert_restored
 
 IRIS = {"format": "sklearn", "name": "iris"}
@@ -86,30 +87,6 @@ def test_median_stopping_cuts_trials_on_the_units_clock(ray_session, ws):
                                                                          rel=1e-6)
 
 
-# A torch model whose training step sleeps: a trial that lasts as long as the time budget without
-# burning the CPUs of the machine meanwhile (5000 epochs of the plain MLP kept 2 cores busy for all
-# of the 45-s budget, and the lane beside this one waited for them).
-_SLOW_NET = '''
-import time
-
-
-def build(num_features, num_outputs, step_s=0.2):
-    import torch.nn as nn
-
-    class SlowStep(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(num_features, num_outputs)
-
-        def forward(self, x):
-            if self.training:
-                time.sleep(step_s)
-            return self.linear(x)
-
-    return SlowStep()
-'''
-
-
 def test_time_budget_stops_the_sweep_and_picks_among_stopped_trials(ray_session, ws, tmp_path):
     # Trials far longer than the budget: every one that started is cut by it. Two at once, both
     # started at the sweep's start. The budget must outlast the start-up, not measure it: on CI's
@@ -122,8 +99,8 @@ def test_time_budget_stops_the_sweep_and_picks_among_stopped_trials(ray_session,
     raw = _raw("budget-iris", epochs=5000, tune={
         "num_samples": 2, "scheduler": "fifo", "time_budget_s": 45,
         "space": {"train.optimizer.lr": {"loguniform": [0.003, 0.05]}}})
-    raw["model"] = {"framework": "torch", "import": "slow_net:build", "params": {"step_s": 0.2}}
-    (tmp_path / "slow_net.py").write_text(_SLOW_NET)
+    raw["model"] = slow_model.MODEL  # trials that last the budget without keeping both CPUs busy
+    slow_model.write(tmp_path)
     path = tmp_path / "budget.yaml"
     path.write_text(yaml.safe_dump(raw))
     spec = parse_spec(raw)
