@@ -11,12 +11,13 @@ import time
 
 
 import pytest
+import yaml
 
 from rayline.spec import parse_spec
 from rayline.storage import list_names
 from rayline.train.loop import read_state
-from tests.integration.conftest import run
 from tests.integration import slow_model
+from tests.integration.conftest import run
 from tests.integration.restore_evidence import assert_restored
 
 IRIS = {"format": "sklearn", "name": "iris"}
@@ -94,8 +95,6 @@ def test_time_budget_stops_the_sweep_and_picks_among_stopped_trials(ray_session,
     # (2026-11-28: the trials' actors and Train controllers started 26-30 s into the sweep, their
     # workers 24-27 s after that). A one-worker trial now trains in its trial's actor (no
     # controller, no worker: train.in_process), so 45 s leaves the worst actor start seen 15 s.
-    import yaml
-
     raw = _raw("budget-iris", epochs=5000, tune={
         "num_samples": 2, "scheduler": "fifo", "time_budget_s": 45,
         "space": {"train.optimizer.lr": {"loguniform": [0.003, 0.05]}}})
