@@ -24,6 +24,7 @@ import psutil
 import pytest
 import yaml
 
+from ..hang_report import run_or_report
 from .conftest import ROOT
 
 # Ports of the heads these tests start (env overrides: for parallel runs on one machine).
@@ -56,8 +57,7 @@ def _remove_head_dirs(tmp_path):
 def _cli(ws, *args, timeout=600, env=None):
     env = {**os.environ, "RAYLINE_WORKSPACE": str(ws), **(env or {})}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=timeout)
+    return run_or_report([sys.executable, "-m", "rayline.cli", *args], cwd=ROOT, env=env, timeout=timeout)
 
 
 def _up(ws, i, *extra, env=None):
@@ -305,15 +305,20 @@ def _export_and_serve_deploy(ws, dashboard_port, expected, token_auth):
     assert {"diabetes", "diabetes-v1", "diabetes-oip", "rayline-v2"} <= {a["name"] for a in yaml.safe_load_all(shown.stdout) if a}
     # The version's deployment record (`rayline models show`): `rayline run`'s deploy, then this config's,
     # recorded where the controller builds the route's application (`serve deploy` returns before that;
-    # the apps `rayline run` deployed answer meanwhile).
-    deadline = time.monotonic() + 120
+    # the apps `rayline run` deployed answer meanwhile). A build that failed is reported with Ray's
+    # message (`serve status`), and one still going on at the deadline with its status.
+    deadline = time.monotonic() + 300
     while True:
         lineage = _cli(ws, "models", "show", "diabetes")
         assert lineage.returncode == 0, lineage.stderr
         deployments = lineage.stdout.split("\ndeployments: ", 1)[1].splitlines()
-        if " config: " in deployments[-1] or time.monotonic() > deadline:
+        if " config: " in deployments[-1]:
             break
-        time.sleep(2)
+        status = subprocess.run(["serve", "status", *address], capture_output=True, text=True, env=env, timeout=60)
+        route_app = (yaml.safe_load(status.stdout or "{}") or {}).get("applications", {}).get("diabetes", {})
+        assert route_app.get("status") != "DEPLOY_FAILED", route_app.get("message")
+        assert time.monotonic() < deadline, f"no config record in {deployments}; `serve status`:\n{status.stdout}{status.stderr}"
+        time.sleep(1)
     assert deployments[0].endswith(f" deploy: champion 100% at /diabetes (app diabetes-v1; {base}/diabetes)"), deployments
     assert deployments[-1].endswith(" config: champion 100% at /diabetes (app diabetes-v1)"), deployments
 

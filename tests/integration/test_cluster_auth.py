@@ -17,12 +17,12 @@ against the token cluster gets one line naming the variables to set.
 import json
 import os
 import secrets
-import subprocess
 import sys
 import time
 
 import pytest
 
+from ..hang_report import run_or_report
 from .conftest import ROOT
 from .multinode_cluster import LocalCluster
 from .test_submit import write_iris_csv
@@ -85,8 +85,7 @@ def _client(setup, *args, home=None, timeout=420):
            if not key.startswith(("RAY_AUTH", "RAY_ADDRESS", "RAY_API_SERVER", "RAYLINE_WORKSPACE"))}
     env["HOME"] = str(home or setup["home"])
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "rayline.cli", *args], capture_output=True, text=True,
-                          cwd=setup["project"], env=env, timeout=timeout)
+    proc = run_or_report([sys.executable, "-m", "rayline.cli", *args], cwd=setup["project"], env=env, timeout=timeout)
     return proc, time.monotonic() - started
 
 
