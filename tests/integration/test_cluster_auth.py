@@ -23,7 +23,6 @@ import time
 import pytest
 
 from ..hang_report import run_or_report
-from .conftest import ROOT
 from .multinode_cluster import LocalCluster
 from .test_submit import write_iris_csv
 
