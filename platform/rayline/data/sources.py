@@ -109,6 +109,36 @@ def csv_convert_options():
     return csv.ConvertOptions(strings_can_be_null=True)
 
 
+_CSV_PREFIX_BYTES = 1 << 20
+
+
+def _csv_head(file: str, limit: int):
+    """The first `limit` rows of a CSV file, reading only a prefix of it: 1 MB, four times more
+    while that holds fewer rows (or cuts a quoted field that spans lines), the whole file at most.
+    Not Arrow's streaming reader: it reads up to 32 blocks ahead in the background whatever is
+    consumed (measured: 58 MB read of a 49-MB file for two 2,000-row samples)."""
+    import pyarrow as pa
+    from pyarrow import csv
+
+    size = _CSV_PREFIX_BYTES
+    with open(file, "rb") as fh:
+        while True:
+            fh.seek(0)
+            data = fh.read(size)
+            whole = len(data) < size or not fh.read(1)
+            if not whole:
+                data = data[:data.rfind(b"\n") + 1]  # whole lines only ("" when none ends in it)
+            try:
+                table = csv.read_csv(pa.py_buffer(data), convert_options=csv_convert_options()) if data or whole else None
+            except pa.ArrowInvalid:
+                if whole:
+                    raise
+                table = None  # a row the cut split (a quoted field over lines): read more
+            if whole or (table is not None and table.num_rows >= limit):
+                return table.slice(0, limit)
+            size *= 4
+
+
 def _read_local(fmt: str, file: str, limit: int | None):
     """An Arrow table of `file` (at most `limit` rows), parsed as the Ray readers parse it."""
     import pyarrow as pa
@@ -119,15 +149,7 @@ def _read_local(fmt: str, file: str, limit: int | None):
 
             if limit is None:
                 return csv.read_csv(file, convert_options=csv_convert_options())
-            # streaming: reads blocks of ~1 MB, stops at `limit` rows
-            reader = csv.open_csv(file, convert_options=csv_convert_options())
-            batches, rows = [], 0
-            for batch in reader:
-                batches.append(batch)
-                rows += batch.num_rows
-                if rows >= limit:
-                    break
-            return pa.Table.from_batches(batches, schema=reader.schema).slice(0, limit)
+            return _csv_head(file, limit)
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
