@@ -111,16 +111,13 @@ def _answer(url: str, body: dict, cluster, tmp_path, attempts: int = 3) -> httpx
     """The endpoint's answer. A request that timed out is sent again, up to `attempts` in all (on a
     CI machine at load average 15 one took over 60 s, right after the job had seen the route
     answer); the last timeout fails the test with the nodes' logs kept in tmp_path/ray-logs."""
-    for _ in range(attempts - 1):
+    for attempt in range(1, attempts + 1):
         try:
             return httpx.post(url, json=body, timeout=60)
         except httpx.TimeoutException:
-            continue
-    try:
-        return httpx.post(url, json=body, timeout=60)
-    except httpx.TimeoutException:
-        cluster.save_logs(str(tmp_path / "ray-logs"))
-        raise
+            if attempt == attempts:
+                cluster.save_logs(str(tmp_path / "ray-logs"))
+                raise
 
 
 def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(cluster, tmp_path):

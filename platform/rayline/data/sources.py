@@ -120,22 +120,21 @@ def _csv_head(file: str, limit: int):
     import pyarrow as pa
     from pyarrow import csv
 
-    size = _CSV_PREFIX_BYTES
+    data, size = b"", _CSV_PREFIX_BYTES
     with open(file, "rb") as fh:
         while True:
-            fh.seek(0)
-            data = fh.read(size)
-            whole = len(data) < size or not fh.read(1)
-            if not whole:
-                data = data[:data.rfind(b"\n") + 1]  # whole lines only ("" when none ends in it)
-            try:
-                table = csv.read_csv(pa.py_buffer(data), convert_options=csv_convert_options()) if data or whole else None
-            except pa.ArrowInvalid:
-                if whole:
-                    raise
-                table = None  # a row the cut split (a quoted field over lines): read more
-            if whole or (table is not None and table.num_rows >= limit):
-                return table.slice(0, limit)
+            data += fh.read(size + 1 - len(data))  # a byte past the prefix: does the file go on?
+            whole = len(data) <= size
+            lines = data if whole else data[:data.rfind(b"\n") + 1]  # whole lines only
+            if lines or whole:
+                try:
+                    table = csv.read_csv(pa.py_buffer(lines), convert_options=csv_convert_options())
+                    if whole or table.num_rows >= limit:
+                        return table.slice(0, limit)
+                except pa.ArrowInvalid:
+                    if whole:
+                        raise
+                    # else a row the cut split (a quoted field over lines): read more
             size *= 4
 
 
