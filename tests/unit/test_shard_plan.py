@@ -34,12 +34,18 @@ def test_a_reserved_memory_is_the_budget_and_the_setting_overrides_auto():
     assert _plan("never", rows=10).kind == "stream"
 
 
-def test_rows_as_read_always_stream_and_the_plan_records_what_decided_it():
-    plan = _plan("always", streamed=True)  # images decoded per batch: nothing model-ready to hold
-    assert plan.kind == "stream"
-    assert plan.as_dict() == {"kind": "stream", "shard_rows": 50_000, "estimated_bytes": 3_000_000,
-                              "budget_bytes": 4 * GIB, "budget_source": "available", "setting": "always",
-                              "handed_off": False}
+def test_rows_as_read_are_held_decoded_when_they_fit_and_the_plan_records_what_decided_it():
+    # Images' bytes: the estimate is of the decoded rows (13 float32 features here), held once decoded.
+    plan = _plan(streamed=True)
+    assert plan.as_dict() == {"kind": "memory", "shard_rows": 50_000, "estimated_bytes": 3_000_000,
+                              "budget_bytes": 4 * GIB, "budget_source": "available", "setting": "auto",
+                              "handed_off": False, "decoded": True}
+    # Decoded rows over half the budget, or `never`: decoded per batch at every epoch.
+    too_big = _plan(streamed=True, rows=2 * (GIB // 4) // 60 + 2, available=GIB)
+    assert (too_big.kind, too_big.decoded) == ("stream", False)
+    assert (_plan("never", streamed=True).kind, _plan("never", streamed=True).decoded) == ("stream", False)
+    assert _plan("always", streamed=True, rows=10**9, available=GIB).decoded
+    assert not _plan().decoded  # model-ready rows: nothing to decode
     # Arrays the driver handed over are in memory already, whatever the budget.
     assert shard_plan("auto", 10**9, 2, 13, streamed=False, reserved_bytes=1e6, available_bytes=GIB, local_workers=2,
                       handed_off=True).kind == "memory"

@@ -252,7 +252,7 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
                                              profile.rows, entry, tick))
                 prepared[-1].statistics = statistics
                 which = f" {len(prepared)}/{len(variants)}" if len(variants) > 1 else ""
-                streamed = " (the train split as read: its images are decoded per batch in training)" \
+                streamed = " (the train split as read: its images are decoded in training, once when they fit its memory)" \
                     if fitted.streams_train else ""
                 phases.done("transform", f"transformed{which} {total:,} rows to {len(fitted.output_columns)} features"
                                          + streamed + (" (and stored them in the data cache)" if entry else ""), rows=total)

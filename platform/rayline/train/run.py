@@ -71,8 +71,8 @@ def loop_config(spec: PipelineSpec, data, plan: ResourcePlan, search_paths: list
         "train_rows": data.rows["train"],  # xgboost: whether a worker's shard can be empty
         # xgboost: a worker's memory budget, when it reserves one (train.resources_per_worker.memory)
         "memory_per_worker": plan.worker_resources().get("memory"),
-        # The fitted preprocessing when the train split comes as read (images: decoded per batch in
-        # the workers, never stored decoded): rayline/train/loop.py's streamed_preprocessing.
+        # The fitted preprocessing when the train split comes as read (images: decoded in the workers,
+        # never stored decoded by the data stage): rayline/train/loop.py's streamed_preprocessing.
         STREAMED: data.preprocessing.to_dict() if getattr(data, "train_streamed", False) else None,
         "arch": {
             "num_features": len(data.preprocessing.output_columns),

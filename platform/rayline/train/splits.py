@@ -15,7 +15,7 @@ When every split is handed off, the trainer gets no datasets, and Ray Train's Da
 starts a DatasetManager actor for every run whatever its datasets (one more Python process per run,
 per trial in a sweep), is left out (`without_dataset_manager`).
 
-Not handed off: rows as read (images decoded per batch in the workers), a spec that asks to
+Not handed off: rows as read (images, decoded in the workers: loop.py's shard_plan), a spec that asks to
 stream (`train.in_memory: never`), and anything larger: data beyond RAM keeps streaming.
 """
 

@@ -148,7 +148,7 @@ class TensorflowBackend(Backend):
         probe_x = probe_features(num_features, config)  # the probe rows of the test split (rayline/train/probe.py)
         per_worker_batch = max(1, config["batch_size"] // reporter.world_size)
         if plan.kind == "memory":  # every worker keeps as many rows: MWMS's collectives need as many steps
-            resident_x, resident_y = shard_arrays(train_shard, num_features, label_dtype)
+            resident_x, resident_y = shard_arrays(train_shard, num_features, label_dtype, streamed)  # rows as read: decoded once
             rows = fewest_rows(len(resident_y), reporter.rank, reporter.world_size, allreduce_sum)
             resident_x, resident_y = resident_x[:rows], resident_y[:rows]
 
@@ -167,7 +167,7 @@ class TensorflowBackend(Backend):
                 )
             meter = reporter.meter()
             for batch, last in with_last(batches):
-                if streamed is not None:  # rows as read (images): transformed here, batch by batch
+                if streamed is not None and plan.kind != "memory":  # rows as read (images): transformed here, batch by batch
                     x, y = model_ready(streamed, batch, num_features, label_dtype)
                 else:
                     x = np.asarray(batch["features"], dtype=np.float32).reshape(len(batch["label"]), num_features)

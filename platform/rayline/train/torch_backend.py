@@ -104,7 +104,8 @@ class TorchBackend(Backend):
             model = ray.train.torch.prepare_model(model)
             register_compression(model, config.get("grad_compression"))
         num_features = config["arch"]["num_features"]
-        streamed = _collate(streamed_preprocessing(config), num_features, np.int64 if classification else np.float32)
+        as_read = streamed_preprocessing(config)  # rows as read (images): decoded by this worker
+        streamed = _collate(as_read, num_features, np.int64 if classification else np.float32)
         # train.in_memory: the shard fetched once and sliced here, or streamed every epoch (loop.py).
         plan = shard_plan(config.get("in_memory", "auto"), config.get("train_rows", 0), reporter.world_size, num_features,
                           streamed=streamed is not None, reserved_bytes=config.get("memory_per_worker"),
@@ -140,7 +141,7 @@ class TorchBackend(Backend):
             dist.all_reduce(tensor)
             return tensor.cpu().numpy()
         resident = (_ResidentShard(train_shard, num_features, np.int64 if classification else np.float32, device,
-                                   reporter, allreduce_sum) if plan.kind == "memory" else None)
+                                   reporter, allreduce_sum, as_read) if plan.kind == "memory" else None)
         # The probe rows of the test split (rayline/train/probe.py), predicted below at every epoch.
         probe_x = probe_features(config["arch"]["num_features"], config)
         probe_x = None if probe_x is None else torch.from_numpy(probe_x).to(device)
@@ -221,16 +222,17 @@ class TorchBackend(Backend):
 class _ResidentShard:
     """A worker's train shard held in memory for the whole run (ShardPlan kind "memory").
 
-    Fetched once (handed off as arrays, or in Ray Data's large blocks); on a GPU it lives on the device
+    Fetched once (handed off as arrays, or in Ray Data's large blocks; rows as read decoded once
+    through `preprocessing`); on a GPU it lives on the device
     when it takes at most half of the device's free memory (a batch is then an index into it, no copy
     per step), else in host memory, each batch gathered there and copied to the device (not
     overlapped with the step: a shard that large is rare, and the copy is one batch). Every rank keeps
     the fewest rows any rank has (loop.py's fewest_rows)."""
 
-    def __init__(self, shard, num_features: int, label_dtype, device, reporter, allreduce_sum):
+    def __init__(self, shard, num_features: int, label_dtype, device, reporter, allreduce_sum, preprocessing=None):
         import torch
 
-        x, y = shard_arrays(shard, num_features, label_dtype)
+        x, y = shard_arrays(shard, num_features, label_dtype, preprocessing)  # rows as read: decoded once, here
         rows = fewest_rows(len(y), reporter.rank, reporter.world_size, allreduce_sum)
         self.x, self.y = torch.from_numpy(x[:rows]), torch.from_numpy(y[:rows])
         self.device = device
