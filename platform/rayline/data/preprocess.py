@@ -72,9 +72,10 @@ class FittedPreprocessing:
 
     @property
     def streams_train(self) -> bool:
-        """Whether the train split travels to training as read, transformed per batch in the
-        training workers (each epoch decodes its images again), rather than model-ready: decoded
-        pixels are float32, tens of times the size of the encoded files they come from."""
+        """Whether the train split travels to training as read, decoded in the training workers
+        (once and held when the decoded rows fit a worker's budget, else per batch at every epoch:
+        rayline/train/loop.py's shard_plan), rather than model-ready: decoded pixels are float32,
+        tens of times the size of the encoded files they come from."""
         return any(step.kind == "image" for step in self.steps)
 
     @property
