@@ -82,6 +82,14 @@ def _decision(kind: str, after: int = 0):
     return check
 
 
+def _new_decision(kind: str, seen: list):
+    """A decision of `kind` not among `seen` (the record keeps the last KEEP_DECISIONS: positions shift)."""
+    def check():
+        decisions = (_status().get("record") or {}).get("decisions") or []
+        return next((d for d in decisions if d["decision"] == kind and d not in seen), None)
+    return check
+
+
 @pytest.fixture(scope="module")
 def loop_run(ws, tmp_path_factory):
     from rayline.spec import load_spec
@@ -267,3 +275,38 @@ def test_drift_then_new_data_retrain_judge_and_promote_a_canary_under_load(loop_
     assert (entry["action"], entry["role"], entry["was_percent"]) == ("delete", "deleted", 100), entry
     gone = rayline("serve", "delete", NAME, "-w", str(ws.root))
     assert gone.returncode == 1 and gone.stderr.startswith(f"error: model {NAME}: not served on this cluster"), gone.stderr
+
+
+def test_a_schedule_retrains_on_its_clock_with_no_drift_and_no_new_data(loop_run, ws):
+    """`retrain: {on: [schedule], every: ...}` on the same model after the test above (its loop stopped,
+    its endpoint deleted): the loop waits for the clock, retrains when it comes (the data and the
+    endpoint unchanged), and judges the challenger like any other: trained on the same data, it is not
+    better by `min_delta` and stays registered, not deployed. The next tick is a schedule again."""
+    from rayline.registry import RETRAIN_TAG, Registry
+    from rayline.retrain.loop import start_loop, stop_loop
+    from rayline.serve.export import version_spec
+    from rayline.spec import parse_spec
+
+    registry = Registry(ws)
+    champion = registry.alias_version(NAME, "champion")
+    raw = version_spec(registry, registry.resolve(NAME, champion)).model_dump(by_alias=True, exclude_none=True)
+    raw["retrain"].update(on=["schedule"], every="3s", min_interval="1s", check_every="500ms")
+    line = start_loop(parse_spec(raw), ws)
+    assert line.startswith(f"retrain loop of {NAME}: watching (schedule"), line
+    try:
+        seen = list(_status()["record"]["decisions"])  # the stopped loop's, kept; its clock fires 3 s after the start
+        assert "schedule in" in _wait_for("the loop waiting for its clock", lambda: (
+            _status().get("record", {}).get("state") == "watching" and _status().get("waiting")), 60)
+        started = _wait_for("a retrain on the schedule", _new_decision("retrain", seen), 60)
+        assert started["why"] == "schedule: every 3 s", started
+        kept = _wait_for("the scheduled challenger judged", _new_decision("not_deployed", seen))
+        assert "needed >= +0.0500" in kept["why"], kept
+        mv = registry.version_details(NAME, kept["version"])[0]
+        assert json.loads(mv.tags[RETRAIN_TAG])["trigger"] == "schedule", mv.tags
+        assert registry.alias_version(NAME, "champion") == champion  # the champion stays
+        # Its next tick is the clock's again, `every` after this retrain started.
+        again = _wait_for("the next scheduled retrain", _new_decision("retrain", seen + [started]), 60)
+        assert again["why"] == "schedule: every 3 s", again
+    finally:
+        stop_loop(NAME)
+    assert _status() == {}
