@@ -26,7 +26,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # Tried and measured (2026-11-27, tests/timings.py): a second session lane (one Ray per worker, the
 # digits modules in one, the modules training their own pipelines in the other, the rest one unit
 # per module) was slower on a saturated 2-core box: two Rays training at once on 2 cores.
-# Tried again and measured (2026-12-03, branch three-lanes): three workers (`-n 3`: the digits
+# Tried again and measured (2026-12-03, not kept): three workers (`-n 3`: the digits
 # modules on one session Ray, the modules training their own pipelines on a second, the own-process
 # tests beside them, unit and subprocess modules moved to even the sums out) took 27 min 8 s where two
 # took 24 min 12 s: the CPU was 99% busy throughout (vmstat) and the tests' summed time rose from
