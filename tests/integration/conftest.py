@@ -235,6 +235,26 @@ def run(spec, ws, **kwargs):
     return summary
 
 
+def metrics_by_in_memory(spec, data, settings=("always", "never")) -> dict:
+    """{train.in_memory setting: the final metrics} of `spec`'s torch loop on `data` (PreparedData), each
+    run in Ray Train's local mode (the loop in this process) on the data stage's splits as Ray Data datasets."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from rayline.pipeline.training import plan_training
+    from rayline.spec import apply_overrides
+    from rayline.train.run import datasets_of, loop_config
+    from rayline.train.torch_backend import BACKEND
+
+    final = {}
+    for setting in settings:
+        config = loop_config(apply_overrides(spec, {"train.in_memory": setting}), data, plan_training(spec), [])
+        trainer = TorchTrainer(BACKEND.train_loop, train_loop_config=config, datasets=datasets_of(data),
+                               scaling_config=ray.train.ScalingConfig(num_workers=0))  # local mode
+        final[setting] = trainer.fit().metrics
+    return final
+
+
 @pytest.fixture(scope="session")
 def digits(ray_session, ws):
     """The reference digits pipeline with a small sweep (2 trials, 5 epochs), served. One worker per

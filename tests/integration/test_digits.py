@@ -11,7 +11,7 @@ import pytest
 
 from tests.cli import rayline
 
-from .conftest import PORT, ROOT, serve_digits
+from .conftest import PORT, ROOT, metrics_by_in_memory, serve_digits
 
 # Queries the session's served digits endpoint, kept up from module to module (conftest.DIGITS_ENDPOINT).
 pytestmark = pytest.mark.digits_endpoint
@@ -173,14 +173,8 @@ def test_a_shard_held_in_memory_trains_as_well_as_a_streamed_one_and_each_run_re
     figures that decided it; and the same training streamed from Ray Data every epoch reaches the
     same metrics within noise (same seed, same data; each run here in Ray Train's local mode, the
     torch loop in this process, on the splits as Ray Data datasets)."""
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
-    from rayline.pipeline.training import plan_training
     from rayline.spec import apply_overrides, load_spec
     from rayline.train.loop import read_state
-    from rayline.train.run import datasets_of, loop_config
-    from rayline.train.torch_backend import BACKEND
 
     starts = read_state(_winner(digits).checkpoint_dir)["starts"]
     shard = starts[0]["train_shard"]
@@ -192,12 +186,7 @@ def test_a_shard_held_in_memory_trains_as_well_as_a_streamed_one_and_each_run_re
 
     _, _, _, data = test_split
     spec = apply_overrides(load_spec(ROOT / "pipelines" / "digits-torch.yaml"), {"train.epochs": 4, "train.workers": 1})
-    final = {}
-    for setting in ("always", "never"):
-        config = loop_config(apply_overrides(spec, {"train.in_memory": setting}), data, plan_training(spec), [])
-        trainer = TorchTrainer(BACKEND.train_loop, train_loop_config=config, datasets=datasets_of(data),
-                               scaling_config=ray.train.ScalingConfig(num_workers=0))  # local mode
-        final[setting] = trainer.fit().metrics
+    final = metrics_by_in_memory(spec, data)
     assert final["always"]["epoch"] == final["never"]["epoch"] == 3
     assert min(final["always"]["accuracy"], final["never"]["accuracy"]) > 0.9, final
     assert abs(final["always"]["accuracy"] - final["never"]["accuracy"]) <= 0.03, final

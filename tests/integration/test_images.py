@@ -16,7 +16,7 @@ import pytest
 
 from tests.cli import rayline
 
-from .conftest import PORT, ROOT, ensure_served, pipeline_script, run
+from .conftest import PORT, ROOT, ensure_served, metrics_by_in_memory, pipeline_script, run
 
 import tritonclient.http as tritonhttp  # declared in pyproject.toml: a broken install fails, not skips
 
@@ -81,25 +81,14 @@ def test_images_decoded_once_train_as_well_as_images_decoded_every_epoch(ray_ses
     4 batches, nearly one class a batch (measured: 0.48 accuracy after 3 epochs), where a held shard
     trains each epoch in a fresh permutation of all its rows (0.78). Each run in Ray Train's local
     mode (the torch loop in this process) on the data stage's splits as Ray Data datasets."""
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
     from rayline.data import prepare_data
-    from rayline.pipeline.training import plan_training
     from rayline.spec import apply_overrides, load_spec
-    from rayline.train.run import datasets_of, loop_config
-    from rayline.train.torch_backend import BACKEND
 
     spec = apply_overrides(load_spec(ROOT / "pipelines" / "digits-images-cnn.yaml"),
                            {"data.source.path": str(folder), "train.workers": 1, "train.epochs": 3})
     data = prepare_data(spec)
     assert data.train_streamed  # the PNGs' bytes, not decoded pixels
-    final = {}
-    for setting in ("always", "never"):
-        config = loop_config(apply_overrides(spec, {"train.in_memory": setting}), data, plan_training(spec), [])
-        trainer = TorchTrainer(BACKEND.train_loop, train_loop_config=config, datasets=datasets_of(data),
-                               scaling_config=ray.train.ScalingConfig(num_workers=0))  # local mode
-        final[setting] = trainer.fit().metrics
+    final = metrics_by_in_memory(spec, data)
     assert final["always"]["epoch"] == final["never"]["epoch"] == 2
     assert final["always"]["accuracy"] > 0.7 and final["never"]["accuracy"] > 0.2, final  # both learned (chance: 0.1)
     assert final["always"]["accuracy"] >= final["never"]["accuracy"] - 0.03, final
