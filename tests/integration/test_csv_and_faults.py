@@ -127,7 +127,9 @@ def test_csv_bad_requests_get_422(churn, row, field):
 def test_split_is_the_same_for_any_file_and_block_layout(churn, tmp_path):
     """Rows are assigned by a hash of the seed and the row: the same rows in other files and other
     blocks give the same splits and the same fitted preprocessing; each split is the rows whose
-    hash falls in its range, and no row is in two splits."""
+    hash falls in its range, and no row is in two splits. The small file's stage runs in this
+    process (data.in_process: auto); the other layouts through Ray Data's tasks (never): both
+    give the same rows, probe and fitted preprocessing."""
     import ray
 
     from rayline.data import prepare_data
@@ -145,7 +147,7 @@ def test_split_is_the_same_for_any_file_and_block_layout(churn, tmp_path):
     saved = ctx.target_max_block_size
     ctx.target_max_block_size = 2048  # blocks of a few dozen rows, instead of one per file
     try:
-        other = prepare_data(apply_overrides(spec, {"data.source.path": str(folder)}))
+        other = prepare_data(apply_overrides(spec, {"data.source.path": str(folder), "data.in_process": "never"}))
     finally:
         ctx.target_max_block_size = saved
     # And the one file read in parallel byte ranges of 512 bytes (data/csv_ranges.py; 8-64 MB unless set).
@@ -154,10 +156,12 @@ def test_split_is_the_same_for_any_file_and_block_layout(churn, tmp_path):
     saved_range = csv_ranges.MIN_RANGE_BYTES, csv_ranges.RANGE_BYTES
     csv_ranges.MIN_RANGE_BYTES = csv_ranges.RANGE_BYTES = 512
     try:
-        ranged = prepare_data(spec)
+        ranged = prepare_data(apply_overrides(spec, {"data.in_process": "never"}))
     finally:
         csv_ranges.MIN_RANGE_BYTES, csv_ranges.RANGE_BYTES = saved_range
     assert os.path.getsize(spec.data.source.path) > 8 * 512  # several ranges
+    assert one.in_process and not other.in_process and not ranged.in_process
+    assert other.train.num_blocks() > 3 and ranged.train.num_blocks() > 3
     assert one.rows == other.rows == ranged.rows and sum(one.rows.values()) == len(frame) and min(one.rows.values()) > 0
 
     def ordered(f):

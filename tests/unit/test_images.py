@@ -108,6 +108,15 @@ def test_normalize_none_keeps_pixels_in_unit_range():
     np.testing.assert_array_equal(out[:, :12].reshape(len(frame), 4, 3, 1), _decoded(frame, (4, 3), 1))
 
 
+def test_a_block_with_no_rows_of_a_split_transforms_to_no_rows_of_the_full_width():
+    """A block of an image folder may hold none of a split's rows (the in-process data stage's last
+    block of a few images): its transform is (0, width), not a reshape error."""
+    frame = _frame()
+    fitted = _fit(frame, channels=3)
+    out = fitted.transform(frame.iloc[:0])
+    assert out.shape == (0, fitted.transform(frame).shape[1]) == (0, 4 * 3 * 3 + 1)
+
+
 def test_requests_encode_exactly_as_training_rows_and_the_state_round_trips():
     frame = _frame()
     fitted = _fit(frame, channels=3, augment={"flip": True, "crop": 1})

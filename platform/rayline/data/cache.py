@@ -52,7 +52,7 @@ def cache_key(spec, fingerprint: str) -> str:
 
     payload = {
         "format": CACHE_FORMAT,
-        "data": spec.data.model_dump(mode="json"),
+        "data": spec.data.model_dump(mode="json", exclude={"in_process"}),  # how it is read, not what
         "task": spec.task,
         "fingerprint": fingerprint,
         "rayline": __version__,

@@ -158,7 +158,8 @@ class ImageOp:
         pixels = decode_images(batch.cat[self.column], self.size, self.channels, self.column, batch.where)
         pixels -= self.mean
         pixels *= self.inv_std
-        batch.hot[self.column] = pixels.reshape(len(pixels), -1)
+        # The width stated, not -1: a batch of no rows (a block with none of a split's rows) is (0, width).
+        batch.hot[self.column] = pixels.reshape(len(pixels), self.size[0] * self.size[1] * self.channels)
 
 
 class TextOp:

@@ -18,7 +18,7 @@ from rayline.errors import DataError
 from rayline.data.task_cpus import map_args, remote_args
 
 __all__ = ["IMAGE_SUFFIXES", "IMAGE_COLUMN", "LABEL_COLUMN", "PATH_COLUMN", "image_files", "has_images", "sample_images",
-           "read_image_folder"]
+           "read_image_folder", "image_folder_tables"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 IMAGE_COLUMN, LABEL_COLUMN, PATH_COLUMN = "image", "label", "path"
@@ -98,6 +98,17 @@ def sample_images(path: str, rows: int, labelled: bool = True):
             if queue and len(picked) < rows:
                 picked.append(queue.pop())
     return _table(picked, path)
+
+
+def image_folder_tables(path: str, labelled: bool = True, shuffled: bool = True, rows_per_table: int = 256) -> list:
+    """The rows `read_image_folder` gives (same order, same columns), read in this process as Arrow
+    tables of `rows_per_table` rows (data/in_process.py: a folder small enough for the driver)."""
+    import random
+
+    pairs = image_files(path, labelled)
+    if shuffled:  # the permutation read_image_folder draws for its list of files
+        random.Random(0).shuffle(pairs)
+    return [_table(pairs[i:i + rows_per_table], path) for i in range(0, len(pairs), rows_per_table)]
 
 
 class _Rows:

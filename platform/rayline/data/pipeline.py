@@ -27,6 +27,7 @@ from rayline.data.split import HASH_COLUMN, TEST, TRAIN, VALID, AddRowHash, Thre
 from rayline.data.values import value_key, value_rank
 from rayline.data.feature_types import image_columns, with_default_steps, with_step_columns
 from rayline.data.fingerprint import fingerprint
+from rayline.data.in_process import as_dataset, read_in_process
 from rayline.data.image_paths import ReadImageFiles, base_of, path_columns
 from rayline.monitoring.statistics import TrainingStatistics
 from rayline.data.sources import feature_columns, read_dataset, unwrap_data_error
@@ -64,6 +65,7 @@ class PreparedData:
     phases: dict | None = None  # seconds per phase of the data stage (read, profile, fit, transform, ...)
     cache_key: str | None = None  # its entry in the data cache (data/cache.py), when the run has a cache
     cached: bool = False  # read back from the cache, not computed
+    in_process: bool = False  # read and transformed in the run's process, not by Ray Data's tasks (data/in_process.py)
     # The train split's raw features summarised (rayline/monitoring/statistics.py): saved with the
     # model, the reference that batch scoring and the replicas compare what they see with.
     statistics: object = None
@@ -163,7 +165,11 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
         prepared = [_from_cache(hits[i], keys[i], data_fingerprint) for i in range(len(variants))]
         _note_phases(prepared, phases)
         return prepared
-    ds = read_dataset(source)
+    # Data that fits is read and mapped here, without Ray Data's tasks (data/in_process.py).
+    ds = read_in_process(source) if spec.data.in_process == "auto" else None
+    in_process = ds is not None
+    if ds is None:
+        ds = read_dataset(source)
     try:
         schema = ds.schema()
     except Exception as exc:
@@ -192,7 +198,8 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
         # Kept in the object store (spilled to disk beyond it): the profile pass and each split's
         # transform read it there instead of parsing the files again.
         hashed = materialize(hashed, PhaseProgress(tick, "reading") if tick else None)
-        phases.done("read", f"read and hashed {hashed.num_blocks()} blocks")
+        phases.done("read", f"read and hashed {hashed.num_blocks()} blocks"
+                            + (" in this process (data.in_process)" if in_process else ""))
         profile = profile_dataset(hashed, request)
         total = sum(profile.rows.values())
         phases.done("profile", f"profiled {total:,} rows (train/valid/test {profile.rows[TRAIN]:,}/"
@@ -232,8 +239,9 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
     shared_test_rows = cache.scratch("test-rows") if cache is not None else None
     try:
         try:
-            test_rows = hashed.map_batches(_SplitRows(split, probe_split, names + [label], shared_test_rows),
-                                           batch_format="pyarrow", batch_size=None, **map_args()).materialize()
+            test_rows = as_dataset(hashed.map_batches(
+                _SplitRows(split, probe_split, names + [label], shared_test_rows),
+                batch_format="pyarrow", batch_size=None, **map_args()).materialize())
         except Exception as exc:
             raise _unwrap_data_error(exc) from exc
         phases.done("test rows")
@@ -251,6 +259,7 @@ def prepare_variants(spec, variants: list, progress=None, cache=None, tick=None)
                 prepared.append(_transformed(hashed, split, fitted, test_rows, data_fingerprint, probe_frame,
                                              profile.rows, entry, tick))
                 prepared[-1].statistics = statistics
+                prepared[-1].in_process = in_process
                 which = f" {len(prepared)}/{len(variants)}" if len(variants) > 1 else ""
                 streamed = " (the train split as read: its images are decoded in training, once when they fit its memory)" \
                     if fitted.streams_train else ""
@@ -453,7 +462,7 @@ def _transformed(hashed, split, fitted, test_rows, data_fingerprint, probe_frame
         # The blocks' order shuffled once they are all there: a reordering of their references,
         # no data moves. (Inside the plan, before the progress count, it held back every block
         # until the last was done: 100M rows showed one line, "~4,921 s left", for 100 s.)
-        return out.randomize_block_order(seed=split.seed).materialize() if which == TRAIN else out
+        return as_dataset(out.randomize_block_order(seed=split.seed).materialize() if which == TRAIN else out)
 
     try:
         train, valid = convert(TRAIN), convert(VALID)

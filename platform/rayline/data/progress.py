@@ -66,6 +66,8 @@ def materialize(ds, progress: PhaseProgress | None):
 
     Without a progress, or where Ray Data's internals it rebuilds the result with are not there
     (another Ray), it is `ds.materialize()` itself."""
+    if getattr(ds, "in_process", False):  # data/in_process.py's blocks: already here
+        return ds.materialize(progress)
     if progress is None:
         return ds.materialize()
     try:

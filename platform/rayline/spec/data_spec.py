@@ -91,6 +91,11 @@ class DataSpec(Strict):
     features: Optional[list[str]] = Field(None, description="Default: every column except the label.")
     split: SplitSpec = Field(default_factory=SplitSpec)
     preprocess: list[PreprocessStep] = Field(default_factory=list, description="Fitted on the train split only.")
+    in_process: Literal["auto", "never"] = Field(
+        "auto", description="auto: local CSV, Parquet or JSON files or an image folder of at most 64 MB in all, and "
+                            "sklearn's bundled sets, are read, split and transformed in the run's own process, "
+                            "without Ray Data's tasks (seconds less per run; the data line says so); larger data and "
+                            "URIs stream through Ray Data. never: always Ray Data (rayline/data/in_process.py).")
     feature_types: dict[str, Literal[FEATURE_TYPES]] = Field(
         default_factory=dict,
         description="A feature's type where it is not inferred: numeric, categorical, text or image. Number and "
