@@ -400,7 +400,9 @@ def xgboost_section(tmp: Path, args) -> dict:
     data = tmp / "churn-1m.csv"
     generate(data, args.xgboost_rows)
     spec = tmp / "churn-1m.yaml"
-    spec.write_text(yaml.safe_dump(spec_for(data)))
+    raw = spec_for(data)
+    raw["data"]["in_process"] = args.data_in_process
+    spec.write_text(yaml.safe_dump(raw))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "platform") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("RAY_ADDRESS", None)
     hand = [measured([sys.executable, "-c", BY_HAND, str(data), ",".join(NUMERIC), ",".join(CATEGORICAL), LABEL], env)["seconds"]
@@ -499,6 +501,8 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true",
                         help="loop: both on the GPU (train.use_gpu; the hand loop's tensors on the device, nccl), "
                              "with each one's GPU busy share (NVML); use --workers 1 on one GPU")
+    parser.add_argument("--data-in-process", default="auto", choices=["auto", "never"],
+                        help="xgboost: rayline's data.in_process (never: the data stage in Ray Data's tasks, for a before/after)")
     parser.add_argument("--json-out")
     args = parser.parse_args()
     from harness import format_table, machine_info
