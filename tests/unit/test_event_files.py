@@ -43,3 +43,24 @@ def test_mean_throughput_and_the_command():
     assert mean_throughput(_rows(3)) == pytest.approx((1001.0, 500.5))
     assert mean_throughput([{"epoch": 0, "accuracy": 1.0}]) is None
     assert tensorboard_command("/runs/x/tensorboard").startswith("tensorboard --logdir /runs/x/tensorboard")
+
+
+def test_an_xgboost_runs_event_files_do_not_import_torch(tmp_path):
+    """tensorboardX imports torch when it is installed (1.3-2.3 s); a process that has not loaded
+    torch (an xgboost or tensorflow run) writes its event files without it, and can import it after."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from types import SimpleNamespace
+from rayline.train.event_files import write_event_files
+rows = [{{"epoch": 0, "accuracy": 0.5}}, {{"epoch": 1, "accuracy": 0.7}}]
+write_event_files({str(tmp_path / "tb")!r}, [SimpleNamespace(trial_id="a", result=SimpleNamespace(history=rows))])
+assert "torch" not in sys.modules, "torch was imported"
+import torch
+print(torch.tensor([2.0]).item())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "2.0", done.stderr
+    assert os.listdir(tmp_path / "tb" / "a")  # its event file

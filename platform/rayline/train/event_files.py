@@ -25,10 +25,33 @@ def _tag(key: str) -> str:
     return f"train/{key}" if key in TRAINING_STATS else f"valid/{key}"
 
 
+def _summary_writer():
+    """tensorboardX's SummaryWriter, imported without importing torch where torch is not loaded yet.
+
+    tensorboardX imports torch, when installed, only so that it can take torch tensors as values
+    (`numpy_compatible`); we give it floats. For an xgboost or tensorflow run that import was 1.3-2.3 s
+    of the train stage on the 2-core machine (py-spy, 2026-12-06). With `sys.modules["torch"] = None`
+    for the import, its `import torch` raises ImportError, which tensorboardX handles; the entry is
+    removed afterwards, so a later `import torch` in this process imports it as usual."""
+    import sys
+
+    if "torch" in sys.modules or "tensorboardX.writer" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return SummaryWriter
+
+
 def write_event_files(location: str, trials: list) -> str | None:
     """One event file per trial with a history (TrialOutcome list), under `location`/<trial id>;
     returns `location`, or None when no trial reported anything."""
-    from tensorboardX import SummaryWriter
+    SummaryWriter = _summary_writer()
 
     reported = [t for t in trials if t.result is not None and t.result.history]
     if not reported:
