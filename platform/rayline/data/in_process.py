@@ -23,10 +23,12 @@ import os
 import random
 from typing import Callable, Iterator
 
-__all__ = ["IN_PROCESS_MAX_BYTES", "LocalBlocks", "read_in_process", "as_dataset"]
+__all__ = ["IN_PROCESS_MAX_BYTES", "LocalBlocks", "in_process_bytes", "read_in_process", "as_dataset"]
 
-# Up to this many bytes of files the stage reads and maps in this process. At 64 MB (about 800,000
-# rows of a 13-column CSV) the whole stage takes about as long as Ray Data's task start-ups alone.
+# Up to this many bytes of files the stage reads and maps in this process (in threads, one per core).
+# Measured on the 2-core box (benchmarks/overhead.py --only xgboost): a 1M-row, 35-MB CSV's stage took
+# 2.9-4.0 s in process against 5.3 s through Ray Data's tasks; the driver holds the parsed rows, a few
+# times the file's size. Beyond this, Ray Data's parallel, streaming reads (and the data beyond RAM).
 IN_PROCESS_MAX_BYTES = 64 << 20
 # Rows per block of a file read here: Train's workers split a Dataset's blocks between them, and
 # the train split's rows are permuted within a block (data/pipeline.py).
