@@ -32,6 +32,7 @@ rows_answered = [0]
 
 
 def _deploy(digits, ws, app, auth):
+    """`app` (FILE_APP: `sent` counts what reaches it) deployed, once its route answers."""
     from ray import serve
 
     from rayline.serve.app import build_app
@@ -44,7 +45,16 @@ def _deploy(digits, ws, app, auth):
     from rayline.serve.address import ServeAddress, wait_routed
 
     assert wait_routed(ServeAddress("127.0.0.1", PORT, existing=True), [f"/{app}"], "127.0.0.1")
-    return f"http://127.0.0.1:{PORT}/{app}"
+    # And until the route itself answers: the ingress's /-/routes has listed a prefix while a request
+    # to it still got the ingress's 404 (CI's box, 2026-12-06: the module's first request, then every
+    # count after it one off). /health needs no key; its answer is counted as the app counts it.
+    url = f"http://127.0.0.1:{PORT}/{app}"
+    deadline = time.monotonic() + 120  # a guard against a hang, not a bound on a slow box
+    while (r := httpx.get(f"{url}/health", timeout=60)).status_code == 404 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert r.status_code == 200, r.text
+    sent[("health", 200)] += 1
+    return url
 
 
 @pytest.fixture(scope="module")
