@@ -20,7 +20,9 @@ RECORD_FILE = "rayline-run.json"
 
 
 def training_spec(spec: PipelineSpec) -> dict:
-    """The spec as it shapes training, flat (`serve` changes nothing a resumed run already did)."""
+    """The spec as it shapes training, flat (`serve` changes nothing a resumed run already did, nor
+    `data.in_process`: where the data stage runs, not what it gives; records made before it existed
+    resume as they were)."""
     flat: dict[str, str] = {}
 
     def walk(prefix: str, value) -> None:
@@ -30,7 +32,8 @@ def training_spec(spec: PipelineSpec) -> dict:
         else:
             flat[prefix] = json.dumps(value, sort_keys=True)
 
-    walk("", spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"serve"}))
+    walk("", spec.model_dump(mode="json", by_alias=True, exclude_none=True,
+                             exclude={"serve": True, "data": {"in_process"}}))
     return flat
 
 
