@@ -108,11 +108,13 @@ class LocalCluster:
         if node is not None:
             env.update(serve_env(None, state_dir=node.haproxy_dir))
             base = self.port_base + 10 * node.index
-            if node.index and self.auth is None:
-                from rayline.cluster.connection import token_auth_on
+            if node.index:
+                if self.auth is None:
+                    from rayline.cluster.connection import token_auth_on
 
-                if token_auth_on():  # a joining node sends the token only in token mode (set explicitly)
-                    env["RAY_AUTH_MODE"] = "token"
+                    if token_auth_on():  # a joining node sends the token only in token mode (set explicitly)
+                        env["RAY_AUTH_MODE"] = "token"
+                # Every cluster's worker nodes: Serve's proxy ports there are this cluster's own.
                 env["RAY_SERVE_WORKER_PROXY_HTTP_PORT"] = str(base + _WORKER_PROXY_HTTP)
                 env["RAY_SERVE_WORKER_PROXY_GRPC_PORT"] = str(base + _WORKER_PROXY_GRPC)
         return env

@@ -22,13 +22,21 @@ and Ray Train's run state), while training runs:
 - the split its data stage made on the two worker nodes is the one the session's single node
   makes of the same data (split sizes and the raw test rows, from the data cache entry).
 
+The cluster runs without token authentication, and the client's HOME holds a token file it never
+heard of (as one left on a laptop by an earlier `ray start`): rayline used to send that token to any
+cluster named, and `rayline run --address` then failed in the data stage or hung. The submit above,
+and after it `rayline run --address` (the driver in the client, the training on the worker nodes)
+and `rayline jobs list`, run with that HOME (the token cluster's side is test_cluster_auth.py's).
+
 The pytest process never joins this cluster, nor uses the session's embedded Ray (so it runs in
-the lane beside that Ray's tests): it talks to the cluster through `rayline submit` and the
+the lane beside that Ray's tests): it talks to the cluster through rayline's CLI and the
 dashboard's HTTP API only. Every node is stopped after
 the module, on failure too, and the test checks that no process of any node is left.
 """
 
+import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -37,6 +45,7 @@ import time
 import httpx
 import pytest
 
+from ..hang_report import run_or_report
 from .conftest import ROOT
 from .multinode_cluster import LocalCluster
 from .restore_evidence import assert_restored, copy_checkpoints, latest_checkpoint
@@ -50,7 +59,7 @@ EPOCHS = 20  # the node dies at epoch 1-2 (measured); the rest run after the rec
 
 @pytest.fixture(scope="module")
 def cluster():
-    cluster = LocalCluster(GCS_PORT, DASHBOARD_PORT, CLIENT_PORT)
+    cluster = LocalCluster(GCS_PORT, DASHBOARD_PORT, CLIENT_PORT, auth={"RAY_AUTH_MODE": "disabled"})
     try:
         started = time.monotonic()
         cluster.start_head(num_cpus=0)
@@ -62,6 +71,23 @@ def cluster():
         left = cluster.shutdown()
         print(f"cluster stopped in {time.monotonic() - started:.0f} s")
     assert left == [], "processes of the test cluster left running:\n" + "\n".join(left)
+
+
+@pytest.fixture(scope="module")
+def stray_token_home(tmp_path_factory):
+    """A client's HOME whose ~/.ray/auth_token this cluster never heard of."""
+    home = tmp_path_factory.mktemp("client") / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("rl-" + secrets.token_hex(16))
+    return home
+
+
+def _client_env(home) -> dict:
+    """The CLI as a user on this machine runs it: HOME as given, no Ray variables set."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("RAY_AUTH", "RAY_ADDRESS", "RAY_API_SERVER", "RAYLINE_WORKSPACE"))}
+    env["HOME"] = str(home)
+    return env
 
 
 def _train_run(cluster) -> dict | None:
@@ -120,12 +146,10 @@ def _answer(url: str, body: dict, cluster, tmp_path, attempts: int = 3) -> httpx
                 raise
 
 
-def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(cluster, tmp_path):
+def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(cluster, stray_token_home, tmp_path):
     ws = tmp_path / "shared-ws"  # a path every node of this one-machine cluster reaches
     log = tmp_path / "submit.log"
-    env = {**os.environ}
-    env.pop("RAY_ADDRESS", None)
-    env.pop("RAYLINE_WORKSPACE", None)
+    env = _client_env(stray_token_home)
     cmd = [sys.executable, "-m", "rayline.cli", "submit", "pipelines/diabetes-torch.yaml",
            "--address", cluster.dashboard, "--workspace", str(ws), "--port", str(SERVE_PORT), "--follow",
            "--set", f"train.epochs={EPOCHS}", "--set", "train.cpus_per_worker=1", "--set", "train.max_failures=2"]
@@ -238,3 +262,33 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
     print(f"multi-node run: {took:.0f} s from submit to served (workers placed {t_train - started:.0f} s, node killed "
           f"{t_kill - started:.0f} s, replacement joined {t_added - started:.0f} s); resumed from epoch {resumed_at}; "
           f"killed node {victim.index} ({len(killed)} processes)")
+
+
+def test_a_client_with_a_stray_token_file_runs_and_lists_jobs_without_token_auth(cluster, stray_token_home, tmp_path):
+    """After the test above, on the same cluster (its two worker nodes hold the diabetes endpoint's
+    replicas): `rayline run --address` with the token file the cluster never heard of trains and
+    registers, the driver in this client and the training on a worker node; `rayline jobs list`, with
+    that file and with none, lists the submitted job: nothing to send, nothing asked."""
+    from .test_cluster_auth import SPEC
+    from .test_submit import write_iris_csv
+
+    project = tmp_path / "project"
+    project.mkdir()
+    write_iris_csv(project / "iris.csv")
+    (project / "iris.yaml").write_text(SPEC)
+    # A quarter CPU for the trainer: the endpoint's replicas hold a quarter each on the 1-CPU nodes.
+    run = run_or_report([sys.executable, "-m", "rayline.cli", "run", "iris.yaml", "--address", cluster.address, "--no-serve",
+                         "--workspace", str(tmp_path / "ws-run"), "--set", "train.cpus_per_worker=0.25"],
+                        cwd=project, env=_client_env(stray_token_home), timeout=420)
+    shown = run.stdout + run.stderr
+    assert run.returncode == 0, shown[-4000:]
+    assert "registered: model iris-auth version 1" in shown, shown[-4000:]
+    no_token = tmp_path / "home-without-token"
+    (no_token / ".ray").mkdir(parents=True)
+    for home in (stray_token_home, no_token):
+        jobs = run_or_report([sys.executable, "-m", "rayline.cli", "jobs", "list", "--address", cluster.dashboard, "-o", "json"],
+                             cwd=project, env=_client_env(home), timeout=120)
+        assert jobs.returncode == 0 and "error" not in jobs.stderr, jobs.stdout + jobs.stderr
+        listed = json.loads(jobs.stdout)
+        submitted = [job for job in listed if job["pipeline"].endswith("diabetes-torch.yaml")]
+        assert [job["status"] for job in submitted] == ["SUCCEEDED"], listed  # the submit above

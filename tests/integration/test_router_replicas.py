@@ -23,6 +23,9 @@ from .conftest import PORT
 NAME = "digits"  # the session's registered digits model, here at a route of its own
 ROUTE = "/follow"
 REQUESTS_PER_SPLIT = 20
+# Each caller's pause between requests under the "light load" below: unpaced, the callers took the
+# 2-core box's CPU from the replica start they wait for (and from the suite's other lane).
+PACE_S = 0.02
 
 
 def _replica_requests(app: str) -> Counter:
@@ -82,6 +85,7 @@ def _lose_a_replica_under_light_load(body) -> None:
                 plain[status] += 1
                 if not (isinstance(status, int) and 200 <= status < 300):
                     failed_at.append(time.monotonic())
+                time.sleep(PACE_S)
 
     names = [f["name"] for f in httpx.get(f"{url}/metadata", timeout=30).json()["features"]]
     rows = [dict(zip(names, values)) for values in body["instances"]]
@@ -95,6 +99,7 @@ def _lose_a_replica_under_light_load(body) -> None:
                 except Exception as exc:  # noqa: BLE001 - every failure counts, whatever it is
                     client_calls["failed"] += 1
                     failures.append(f"{type(exc).__name__}: {exc}"[:300])
+                time.sleep(PACE_S)
 
     before = _running_replicas()
     assert len(before) == 2, before

@@ -43,6 +43,9 @@ BASE = f"http://127.0.0.1:{PORT}"
 ROUTE = "/digits"
 URL = BASE + ROUTE
 CT = {"content-type": "application/json"}
+# Each load thread's pause between requests: steady load (tens of requests a second per thread), not
+# every cycle of the 2-core box, which the rollouts under test need for their replicas' start.
+PACE_S = 0.02
 
 
 def _register_losing_trial(digits, ws):
@@ -300,6 +303,7 @@ def test_canary_promote_rollback_under_load_fail_no_request(setup, digits, ws):
                                  f"body says {answer['version']}, outputs say {by_outputs}"))
                 except httpx.HTTPError as exc:
                     seen.append((stage, type(exc).__name__, None))
+                time.sleep(PACE_S)
 
     threads = [threading.Thread(target=load, daemon=True) for _ in range(4)]
     for t in threads:
@@ -525,6 +529,7 @@ def test_a_running_version_takes_new_serve_settings_in_place_under_load(setup, w
                 status = _post(c, f"{URL}/predict", setup["body"]).status_code
                 with lock:
                     seen[status] += 1
+                time.sleep(PACE_S)
 
     threads = [threading.Thread(target=load, daemon=True) for _ in range(2)]
     for t in threads:
