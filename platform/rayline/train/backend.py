@@ -37,7 +37,12 @@ class Backend(ABC):
             run_config=run_config,
             datasets=datasets,
             dataset_config=dataset_config,
+            **self.trainer_options(),
         )
+
+    def trainer_options(self) -> dict:
+        """The trainer class's own options beyond those every data-parallel trainer takes."""
+        return {}
 
     def versions(self) -> dict[str, str]:
         """Framework package versions recorded in the model artifact."""

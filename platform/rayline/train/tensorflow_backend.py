@@ -219,6 +219,12 @@ class TensorflowBackend(Backend):
 
         return TensorflowTrainer
 
+    def trainer_options(self) -> dict:
+        from rayline.train.tf_cluster import TfClusterConfig
+
+        # Ray's TensorflowConfig would import TensorFlow in Train's controller: rayline/train/tf_cluster.py.
+        return {"tensorflow_config": TfClusterConfig()}
+
     def versions(self) -> dict[str, str]:
         tf = import_tensorflow()  # in the driver (registration): TensorFlow's fd-2 lines kept off its terminal
         import tf_keras

@@ -22,6 +22,8 @@ own mean (`factor`). `train.precision: fp16` wraps the optimizer in a LossScaleO
 
 from __future__ import annotations
 
+import os
+
 __all__ = ["make_strategy", "TfSteps"]
 
 
@@ -30,15 +32,21 @@ def make_strategy(world_size: int, devices: list[str] | None = None):
 
     `devices`: the worker's accelerators (default: its visible GPUs, which Ray Train limits to
     the worker's own; listed without starting TF's runtime, which MWMS must configure first). MirroredStrategy over them when the run has one worker and several
-    devices; MultiWorkerMirroredStrategy otherwise (it reads TF_CONFIG, which Ray Train's
-    TensorflowConfig sets on every worker, and mirrors over each worker's local GPUs itself)."""
+    devices; MultiWorkerMirroredStrategy otherwise (it reads TF_CONFIG, which rayline's
+    TfClusterConfig sets on every worker, and mirrors over each worker's local GPUs itself)."""
     import tensorflow as tf
 
     if devices is None:
         devices = [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
     if world_size == 1 and len(devices) > 1:
         return tf.distribute.MirroredStrategy(devices=devices)
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    # Without the cluster in TF_CONFIG each worker would train alone on its shard, and nothing would say so.
+    if strategy.num_replicas_in_sync < world_size:
+        raise RuntimeError(f"MultiWorkerMirroredStrategy sees {strategy.num_replicas_in_sync} replica(s) in a "
+                           f"{world_size}-worker run: TF_CONFIG names no cluster of {world_size} workers "
+                           f"(TF_CONFIG={os.environ.get('TF_CONFIG')!r})")
+    return strategy
 
 
 class TfSteps:
