@@ -5,6 +5,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from .. import loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = int(os.environ.get("RAYLINE_TEST_PORT", "8765"))
@@ -131,10 +132,10 @@ def free_serve_apps_after_module(request):
 
     if not ray.is_initialized():
         return
-    from ray import serve
+    from rayline.serve.details import serve_status
 
     try:
-        apps = list(serve.status().applications)
+        apps = list(serve_status().applications)
     except Exception:
         apps = []  # Serve never started in this session
     keep = set()
@@ -147,7 +148,7 @@ def free_serve_apps_after_module(request):
     from rayline.serve.applications import delete_apps
 
     delete_apps(apps, timeout_s=60)
-    apps = [a for a in serve.status().applications if a in apps]
+    apps = [a for a in serve_status().applications if a in apps]
     assert not apps, f"Serve apps still being deleted a minute later: {apps}"
     _wait_for_free_cpus(keep)
 
@@ -294,7 +295,7 @@ def wait_for_200(url, timeout_s=90, what=None):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url, timeout=5).status_code == 200:
+            if loopback.get(url, timeout=5).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -325,7 +326,7 @@ def ensure_served(summary, ws, **settings):
     serve_spec = ServeSpec(route=route, **settings)
     table = rollout_state(summary.name) or {}
     try:
-        meta = httpx.get(f"{summary.endpoint}/metadata", timeout=10)
+        meta = loopback.get(f"{summary.endpoint}/metadata", timeout=10)
         if (meta.status_code == 200 and meta.json().get("version") == str(summary.version)
                 and table.get("serve") == serve_spec.model_dump(exclude={"route", "canary"})):
             return summary.endpoint
@@ -361,8 +362,8 @@ def _wait_answering(url, version, timeout_s=90):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if (httpx.get(f"{url}/health", timeout=5).status_code == 200
-                    and httpx.get(f"{url}/metadata", timeout=5).json().get("version") == version):
+            if (loopback.get(f"{url}/health", timeout=5).status_code == 200
+                    and loopback.get(f"{url}/metadata", timeout=5).json().get("version") == version):
                 return
         except (httpx.HTTPError, ValueError):
             pass

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import httpx
+from .. import loopback
 
 __all__ = ["LocalCluster", "Node"]
 
@@ -188,7 +189,7 @@ class LocalCluster:
         params = [("limit", "1000"), ("detail", "true")]
         for key, value in filters.items():
             params += [("filter_keys", key), ("filter_predicates", "="), ("filter_values", value)]
-        response = httpx.get(f"{self.dashboard}/api/v0/{kind}", params=params, headers=self.headers(), timeout=30)
+        response = loopback.get(f"{self.dashboard}/api/v0/{kind}", params=params, headers=self.headers(), timeout=30)
         response.raise_for_status()
         return response.json()["data"]["result"]["result"]
 

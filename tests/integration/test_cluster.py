@@ -24,6 +24,7 @@ import psutil
 import pytest
 import yaml
 
+from .. import loopback
 from ..hang_report import run_or_report
 from .conftest import ROOT
 
@@ -179,7 +180,7 @@ def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert f"The endpoint stays up on the cluster at 127.0.0.1:{HEAD_PORTS[0]}" in run.stdout
         assert "train: started 1 workers x 1 CPU, in this process" in run.stdout, run.stdout[-3000:]
-        response = httpx.post(f"http://127.0.0.1:{SERVE_PORT}/diabetes/predict", timeout=60,
+        response = loopback.post(f"http://127.0.0.1:{SERVE_PORT}/diabetes/predict", timeout=60,
                               json={"instances": [{f: 0.01 for f in ("age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6")}]})
         assert response.status_code == 200, response.text
         assert response.json()["model"] == "diabetes" and isinstance(response.json()["predictions"][0], float)
@@ -201,11 +202,11 @@ def test_run_on_a_cluster_returns_and_down_stops_only_its_own_head(tmp_path):
         # rebuilt from the exported config by Ray's own `serve deploy` (above), and this deploy changed
         # nothing; once, right after, the route answered 404 for a moment (the ingress re-registering it).
         deadline = time.monotonic() + 60
-        while (health := httpx.get(f"http://127.0.0.1:{SERVE_PORT}/diabetes/health", timeout=30)).status_code != 200:
+        while (health := loopback.get(f"http://127.0.0.1:{SERVE_PORT}/diabetes/health", timeout=30)).status_code != 200:
             assert time.monotonic() < deadline, (health.status_code, health.text[:500])
             time.sleep(0.5)
         with pytest.raises(httpx.ConnectError):
-            httpx.get(f"http://127.0.0.1:{OTHER_SERVE_PORT}/diabetes/health", timeout=5)
+            loopback.get(f"http://127.0.0.1:{OTHER_SERVE_PORT}/diabetes/health", timeout=5)
 
         # A second head on the same machine must survive the first one's `down`. This one is
         # open to the network, an explicit choice: recorded, and warned about with auth off.
@@ -283,9 +284,9 @@ def _export_and_serve_deploy(ws, dashboard_port, expected, token_auth):
     while time.monotonic() < deadline:
         try:
             answers = {
-                "routed": httpx.post(f"{base}/diabetes/predict", json={"instances": [_ROW]}, timeout=30),
-                "version": httpx.post(f"{base}/diabetes/v/1/predict", json={"instances": [_ROW]}, timeout=30),
-                "v2": httpx.post(f"{base}/v2/models/diabetes/infer", timeout=30, json={"inputs": [
+                "routed": loopback.post(f"{base}/diabetes/predict", json={"instances": [_ROW]}, timeout=30),
+                "version": loopback.post(f"{base}/diabetes/v/1/predict", json={"instances": [_ROW]}, timeout=30),
+                "v2": loopback.post(f"{base}/v2/models/diabetes/infer", timeout=30, json={"inputs": [
                     {"name": f, "datatype": "FP64", "shape": [1], "data": [v]} for f, v in _ROW.items()]}),
             }
         except httpx.HTTPError:
@@ -445,7 +446,7 @@ def test_quick_start_serves_until_ctrl_c(tmp_path):
         assert f"http://127.0.0.1:{QUICK_START_PORT}/digits/predict" in curl
         body = json.loads(curl.split(" -d '", 1)[1].rstrip("'"))
         assert len(body["instances"][0]) == 64  # one real row: every pixel feature
-        served = httpx.post(f"http://127.0.0.1:{QUICK_START_PORT}/digits/predict", json=body, timeout=60)
+        served = loopback.post(f"http://127.0.0.1:{QUICK_START_PORT}/digits/predict", json=body, timeout=60)
         assert served.status_code == 200 and served.json()["predictions"][0] in range(10), served.text
         assert "Starting execution of Dataset" not in text  # Ray Data's INFO logs stay off the terminal
         assert "Downloading artifacts" not in text  # nor MLflow's progress bars

@@ -24,6 +24,7 @@ import time
 
 import pytest
 
+from .. import loopback
 from ..hang_report import run_or_report
 from .multinode_cluster import LocalCluster
 from .test_submit import write_iris_csv
@@ -103,12 +104,10 @@ def test_jobs_api_gets_the_token_from_the_clients_token_file(cluster):
     caller sees (a client without one is refused, below). The whole submit to a token head, with the
     client's token from ~/.ray/auth_token and no RAY_AUTH_* variable, is test_submit.py's (its job's
     driver runs on the head with the cluster's own token, as here); a second one here cost the suite ~70 s."""
-    import httpx
-
     # A job only an authenticated caller can see: submitted with the cluster's token over Ray's own
     # Jobs REST API, then listed by `rayline jobs list` with nothing but the client's token file.
     job_id = "rl-auth-" + secrets.token_hex(4)
-    submitted = httpx.post(f"{cluster['cluster'].dashboard}/api/jobs/", json={"entrypoint": "true", "submission_id": job_id},
+    submitted = loopback.post(f"{cluster['cluster'].dashboard}/api/jobs/", json={"entrypoint": "true", "submission_id": job_id},
                            headers=cluster["cluster"].headers(), timeout=60)
     assert submitted.status_code == 200, submitted.text
     jobs, _ = _client(cluster, "jobs", "list", "--address", cluster["cluster"].dashboard, "-o", "json", timeout=120)

@@ -7,12 +7,12 @@ import signal
 import threading
 import time
 
-import httpx
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
+from .. import loopback
 from .conftest import run
 
 
@@ -62,7 +62,7 @@ CHURN_ROWS = 1000  # and its train split's median tenure (31) is not all rows' (
 def test_csv_pipeline_serves_string_labels(churn):
     spec, summary, _ = churn
     assert summary.task == "classification" and summary.metric == "f1"
-    body = httpx.post(f"{summary.endpoint}/predict", json={"instances": [GOOD, {**GOOD, "tenure": None}], "probabilities": True}, timeout=60).json()
+    body = loopback.post(f"{summary.endpoint}/predict", json={"instances": [GOOD, {**GOOD, "tenure": None}], "probabilities": True}, timeout=60).json()
     assert all(p in ("no", "yes") for p in body["predictions"])
     assert set(body["probabilities"][0]) == {"no", "yes"} and sum(body["probabilities"][0].values()) == pytest.approx(1.0, abs=1e-5)
     # It learned, beyond what answering the majority class ("no", ~75% of the rows) everywhere scores:
@@ -120,7 +120,7 @@ def test_a_single_machine_ray_trains_without_preemption_watchers_or_ray_s_placem
 ])
 def test_csv_bad_requests_get_422(churn, row, field):
     _, summary, _ = churn
-    response = httpx.post(f"{summary.endpoint}/predict", json={"instances": [row]}, timeout=30)
+    response = loopback.post(f"{summary.endpoint}/predict", json={"instances": [row]}, timeout=30)
     assert response.status_code == 422 and field in response.text
 
 
@@ -389,7 +389,7 @@ def _sharded_model_serves_as_trained(summary, ws):
     assert re.fullmatch(r"2 workers x cpu \(\d+ threads?\), FSDP \(sharded\), fp32", summary.trained_on), summary.trained_on
     rows = [GOOD, {**GOOD, "plan": "basic", "tenure": 3.0}, {**GOOD, "tenure": None, "fee": 80.0}]
     offline = load_model(summary.name, summary.version, workspace=str(ws.root)).predict(rows, probabilities=True)
-    served = httpx.post(f"{summary.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60).json()
+    served = loopback.post(f"{summary.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60).json()
     assert served["predictions"] == offline["predictions"]
     for got, want in zip(served["probabilities"], offline["probabilities"]):
         assert got == pytest.approx(want)

@@ -3,7 +3,6 @@
 import json
 import re
 
-import httpx
 import numpy as np
 import pandas as pd
 import pandas.testing as pd_testing
@@ -11,6 +10,7 @@ import pytest
 
 from tests.cli import rayline
 
+from .. import loopback
 from .conftest import PORT, ROOT, metrics_by_in_memory, serve_digits
 
 # Queries the session's served digits endpoint, kept up from module to module (conftest.DIGITS_ENDPOINT).
@@ -106,7 +106,7 @@ def test_http_predictions_equal_the_predictions_made_while_training(digits, ws, 
 
     features = [f.name for f in model.preprocessing.features]
     rows = json.loads(probe_frame[features].to_json(orient="records"))  # raw rows, as a client sends them
-    response = httpx.post(f"{digits.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60)
+    response = loopback.post(f"{digits.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60)
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["model"] == "digits" and body["version"] == digits.version
@@ -129,7 +129,7 @@ def test_http_predictions_give_exactly_the_recorded_test_metrics(digits, ws, tes
     frame, model, _, _ = test_split
     features = [f.name for f in model.preprocessing.features]
     rows = frame[features].to_dict(orient="records")
-    response = httpx.post(f"{digits.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60)
+    response = loopback.post(f"{digits.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60)
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["model"] == "digits" and body["version"] == digits.version
@@ -231,7 +231,7 @@ def test_offline_and_online_predictions_are_identical(digits, test_split):
     rows = frame[features].head(40).to_dict(orient="records")
     ds = ray.data.from_pandas(frame.head(40)).map_batches(_ToTrainingBatch(model.preprocessing), batch_format="pandas")
     reference = model._predict(np.stack(ds.take_batch(40, batch_format="numpy")["features"]))  # the backend's raw predict
-    online = httpx.post(f"{digits.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60).json()
+    online = loopback.post(f"{digits.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60).json()
     labels = [str(c) for c in model.preprocessing.label.classes]
     assert np.array_equal(np.array([[p[label] for label in labels] for p in online["probabilities"]]), reference.astype(np.float64))
     assert online["predictions"] == [model.preprocessing.label.classes[i] for i in reference.argmax(axis=1)]
@@ -251,24 +251,24 @@ ROW = {f"pixel_{i}_{j}": 0.0 for i in range(8) for j in range(8)}
     ({"rows": [ROW]}, "instances"),
 ])
 def test_bad_requests_get_422_naming_the_field(digits, body, field):
-    response = httpx.post(f"{digits.endpoint}/predict", json=body, timeout=30)
+    response = loopback.post(f"{digits.endpoint}/predict", json=body, timeout=30)
     assert response.status_code == 422, response.text
     assert field in json.dumps(response.json()["detail"])
 
 
 def test_malformed_json_is_422_not_500(digits):
-    response = httpx.post(f"{digits.endpoint}/predict", content=b"{not json", headers={"content-type": "application/json"}, timeout=30)
+    response = loopback.post(f"{digits.endpoint}/predict", content=b"{not json", headers={"content-type": "application/json"}, timeout=30)
     assert response.status_code == 422
 
 
 def test_health_metadata_and_docs(digits):
-    assert httpx.get(f"{digits.endpoint}/health", timeout=30).json()["status"] == "ok"
-    meta = httpx.get(f"{digits.endpoint}/metadata", timeout=30).json()
+    assert loopback.get(f"{digits.endpoint}/health", timeout=30).json()["status"] == "ok"
+    meta = loopback.get(f"{digits.endpoint}/metadata", timeout=30).json()
     assert meta["name"] == "digits" and meta["version"] == digits.version and meta["framework"] == "torch"
     assert len(meta["features"]) == 64 and meta["features"][0] == {"name": "pixel_0_0", "type": "number", "nullable": False}
     assert meta["metrics"]["accuracy"] == pytest.approx(digits.valid_metrics["accuracy"])
-    assert httpx.get(f"{digits.endpoint}/docs", timeout=30).status_code == 200
-    schema = httpx.get(f"{digits.endpoint}/openapi.json", timeout=30).json()
+    assert loopback.get(f"{digits.endpoint}/docs", timeout=30).status_code == 200
+    schema = loopback.get(f"{digits.endpoint}/openapi.json", timeout=30).json()
     assert "pixel_0_0" in json.dumps(schema)
 
 

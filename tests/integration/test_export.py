@@ -12,6 +12,7 @@ import yaml
 
 from tests.cli import rayline
 
+from .. import loopback
 from .conftest import ROOT
 
 
@@ -91,7 +92,6 @@ def test_router_builder_rejects_bad_args_by_name():
 
 def test_deploying_a_version_also_serves_the_open_inference_protocol(digits, ws):
     """`rayline run` and `rayline serve deploy` (serve.versions.deploy) bring up /v2 with the model."""
-    import httpx
     from ray import serve
 
     from rayline.serve import versions
@@ -103,7 +103,7 @@ def test_deploying_a_version_also_serves_the_open_inference_protocol(digits, ws)
         serve.delete(OIP_APP)
     rollout = versions.deploy("digits", digits.version, ws=ws, port=PORT)
     assert OIP_APP in rollout.created
-    ready = httpx.get(f"http://127.0.0.1:{PORT}/v2/models/digits/ready", timeout=60)
+    ready = loopback.get(f"http://127.0.0.1:{PORT}/v2/models/digits/ready", timeout=60)
     assert ready.status_code == 200, ready.text
-    meta = httpx.get(f"http://127.0.0.1:{PORT}/v2/models/digits", timeout=60).json()
+    meta = loopback.get(f"http://127.0.0.1:{PORT}/v2/models/digits", timeout=60).json()
     assert meta["name"] == "digits" and digits.version in meta["versions"]

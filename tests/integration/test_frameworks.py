@@ -4,10 +4,10 @@ import os
 import subprocess
 import sys
 
-import httpx
 import numpy as np
 import pytest
 
+from .. import loopback
 from .conftest import ROOT, run
 
 
@@ -27,17 +27,17 @@ def _served_and_identical(summary, ws, spec):
     recorded = read_probe(trained.checkpoint_dir)
     classes = sorted(frame[spec.data.label].unique().tolist())  # class id i is the i-th smallest label
     probe_rows = data.probe_frame[[f.name for f in model.preprocessing.features]].to_dict(orient="records")
-    served = httpx.post(f"{summary.endpoint}/predict", json={"instances": probe_rows, "probabilities": True}, timeout=120)
+    served = loopback.post(f"{summary.endpoint}/predict", json={"instances": probe_rows, "probabilities": True}, timeout=120)
     assert served.status_code == 200 and recorded["rows"] == len(probe_rows), served.text
     assert served.json()["predictions"] == [classes[i] for i in recorded["class_ids"]]
     np.testing.assert_allclose([[p[str(c)] for c in classes] for p in served.json()["probabilities"]],
                                recorded["outputs"], rtol=1e-4, atol=1e-6)
-    online = httpx.post(f"{summary.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=120)
+    online = loopback.post(f"{summary.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=120)
     assert online.status_code == 200, online.text
     offline = model.predict(rows, probabilities=True)
     assert online.json()["predictions"] == offline["predictions"]
     assert online.json()["probabilities"] == offline["probabilities"]
-    meta = httpx.get(f"{summary.endpoint}/metadata", timeout=30).json()
+    meta = loopback.get(f"{summary.endpoint}/metadata", timeout=30).json()
     assert meta["framework"] == spec.model.framework and len(meta["versions"]) >= 2
     return np.mean(np.array(online.json()["predictions"]) == frame[spec.data.label].to_numpy())
 

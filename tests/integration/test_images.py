@@ -10,12 +10,12 @@ resizing and normalisation run on the replica exactly as in training).
 
 import base64
 
-import httpx
 import numpy as np
 import pytest
 
 from tests.cli import rayline
 
+from .. import loopback
 from .conftest import PORT, ROOT, ensure_served, metrics_by_in_memory, pipeline_script, run
 
 import tritonclient.http as tritonhttp  # declared in pyproject.toml: a broken install fails, not skips
@@ -105,7 +105,7 @@ def test_base64_pngs_over_http_answer_as_the_offline_model(images_run, endpoint,
     from rayline import load_model
 
     files, labels = _files(folder, 60)
-    response = httpx.post(f"{endpoint}/predict", json={"instances": [{"image": _b64(f)} for f in files],
+    response = loopback.post(f"{endpoint}/predict", json={"instances": [{"image": _b64(f)} for f in files],
                                                        "probabilities": True}, timeout=60)
     assert response.status_code == 200, response.text
     body = response.json()
@@ -116,7 +116,7 @@ def test_base64_pngs_over_http_answer_as_the_offline_model(images_run, endpoint,
     np.testing.assert_allclose([[p[c] for c in classes] for p in body["probabilities"]],
                                [[p[c] for c in classes] for p in offline["probabilities"]], rtol=1e-5, atol=1e-7)
     assert np.mean(np.asarray(body["predictions"]) == np.asarray(labels)) >= ACCURACY - 0.1
-    meta = httpx.get(f"{endpoint}/metadata", timeout=30).json()
+    meta = loopback.get(f"{endpoint}/metadata", timeout=30).json()
     assert meta["features"][0]["name"] == "image" and meta["features"][0]["type"] == "image"
 
 
@@ -138,7 +138,7 @@ def test_concurrent_image_requests_are_batched_and_each_gets_its_own_rows(images
     for i in bad:
         requests[i][-1] = {"image": base64.b64encode(b"no image here").decode()}
     with ThreadPoolExecutor(12) as pool:
-        answers = list(pool.map(lambda inst: httpx.post(f"{endpoint}/predict", json={"instances": inst}, timeout=60),
+        answers = list(pool.map(lambda inst: loopback.post(f"{endpoint}/predict", json={"instances": inst}, timeout=60),
                                 requests))
     model = load_model(images_run.name, images_run.version, workspace=str(ws.root))
     for i, (instances, response) in enumerate(zip(requests, answers)):
@@ -161,14 +161,14 @@ def test_concurrent_image_requests_are_batched_and_each_gets_its_own_rows(images
 ])
 def test_a_bad_image_is_a_422_naming_the_row(endpoint, folder, value, message):
     good = _b64(_files(folder, 1)[0][0])
-    response = httpx.post(f"{endpoint}/predict", json={"instances": [{"image": good}, {"image": value}]}, timeout=30)
+    response = loopback.post(f"{endpoint}/predict", json={"instances": [{"image": good}, {"image": value}]}, timeout=30)
     assert response.status_code == 422, response.text
     assert message in response.text
 
 
 def test_tritonclient_sends_raw_png_bytes(images_run, endpoint, folder):
     files, _ = _files(folder, 12)
-    expected = httpx.post(f"{endpoint}/predict", json={"instances": [{"image": _b64(f)} for f in files]},
+    expected = loopback.post(f"{endpoint}/predict", json={"instances": [{"image": _b64(f)} for f in files]},
                           timeout=60).json()["predictions"]
     client = tritonhttp.InferenceServerClient(url=f"127.0.0.1:{PORT}", connection_timeout=60, network_timeout=60)
     try:
@@ -308,7 +308,7 @@ def test_plain_mlflow_pyfunc_takes_the_image_bytes_or_base64(images_run, ws, fol
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", ws.tracking_uri)
     files, _ = _files(folder, 8)
-    expected = httpx.post(f"{images_run.endpoint}/predict", json={"instances": [{"image": _b64(f)} for f in files]},
+    expected = loopback.post(f"{images_run.endpoint}/predict", json={"instances": [{"image": _b64(f)} for f in files]},
                           timeout=60).json()["predictions"]
     model = mlflow.pyfunc.load_model(f"models:/{images_run.name}/{images_run.version}")
     for column in ([f.read_bytes() for f in files], [_b64(f) for f in files]):

@@ -45,6 +45,7 @@ import time
 import httpx
 import pytest
 
+from .. import loopback
 from ..hang_report import run_or_report
 from .conftest import ROOT
 from .multinode_cluster import LocalCluster
@@ -92,7 +93,7 @@ def _client_env(home) -> dict:
 
 def _train_run(cluster) -> dict | None:
     """Ray Train's record of the (only) training run on the cluster: attempts, workers, ranks, nodes."""
-    response = httpx.get(f"{cluster.dashboard}/api/train/v2/runs/v1", headers=cluster.headers(), timeout=30)
+    response = loopback.get(f"{cluster.dashboard}/api/train/v2/runs/v1", headers=cluster.headers(), timeout=30)
     if response.status_code != 200:
         return None  # no Train run yet (the state actor starts with the first run)
     runs = response.json()["train_runs"]
@@ -139,7 +140,7 @@ def _answer(url: str, body: dict, cluster, tmp_path, attempts: int = 3) -> httpx
     answer); the last timeout fails the test with the nodes' logs kept in tmp_path/ray-logs."""
     for attempt in range(1, attempts + 1):
         try:
-            return httpx.post(url, json=body, timeout=60)
+            return loopback.post(url, json=body, timeout=60)
         except httpx.TimeoutException:
             if attempt == attempts:
                 cluster.save_logs(str(tmp_path / "ray-logs"))

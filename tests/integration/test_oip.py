@@ -10,10 +10,10 @@ import asyncio
 import json
 import secrets
 
-import httpx
 import numpy as np
 import pytest
 
+from .. import loopback
 from .conftest import PORT, deploy_registered, serve_digits, wait_for_200
 
 import tritonclient.http as tritonhttp  # declared in pyproject.toml: a broken install fails, not skips
@@ -42,7 +42,7 @@ def oip(digits, ws, tmp_path_factory):
     ensure_oip_app()
     assert ensure_oip_app() is False  # already there: left alone
     _wait_v2_live()
-    meta = httpx.get(f"{endpoint}/metadata", timeout=30).json()
+    meta = loopback.get(f"{endpoint}/metadata", timeout=30).json()
     return {"endpoint": endpoint, "features": [f["name"] for f in meta["features"]], "labels": meta["labels"],
             "version": str(digits.version)}
 
@@ -56,7 +56,7 @@ def pixels():
 
 def _predict(oip, pixels):
     rows = [dict(zip(oip["features"], map(float, r))) for r in pixels]
-    r = httpx.post(f"{oip['endpoint']}/predict", json={"instances": rows, "probabilities": True}, timeout=60)
+    r = loopback.post(f"{oip['endpoint']}/predict", json={"instances": rows, "probabilities": True}, timeout=60)
     assert r.status_code == 200, r.text
     body = r.json()
     probs = np.array([[p[str(label)] for label in oip["labels"]] for p in body["probabilities"]])
@@ -151,7 +151,7 @@ def test_kserve_sdk_rest_client_works_unchanged(oip, pixels):
 
 
 def _infer(body, model="digits", headers=None):
-    return httpx.post(f"{BASE}/v2/models/{model}/infer", content=json.dumps(body),
+    return loopback.post(f"{BASE}/v2/models/{model}/infer", content=json.dumps(body),
                       headers={"content-type": "application/json", **(headers or {})}, timeout=60)
 
 
@@ -169,7 +169,7 @@ def test_errors_follow_the_protocol_error_body(oip, pixels):
     first, second = oip["features"][:2]
     cases = [
         (_infer({"inputs": []}, model="nope"), 404, "no model named 'nope' is served here"),
-        (httpx.get(f"{BASE}/v2/models/digits/versions/999", timeout=30), 404,
+        (loopback.get(f"{BASE}/v2/models/digits/versions/999", timeout=30), 404,
          f"model 'digits' has no live version '999' (live versions: {oip['version']})"),
         (_infer(_tensors(oip, pixels, **{first: {"datatype": "BYTES", "data": ["a"] * len(pixels)}})), 400,
          f"input '{first}': datatype 'BYTES' does not fit a number feature (allowed: FP64, FP32"),
@@ -189,7 +189,7 @@ def test_errors_follow_the_protocol_error_body(oip, pixels):
          f"input '{second}' row 0: outside the model's float32 input range"),
         (_infer({**_tensors(oip, pixels), "outputs": [{"name": "scores"}]}), 400,
          "outputs[0]: unknown output 'scores' (allowed: predictions, probabilities)"),
-        (httpx.get(f"{BASE}/v2/nowhere", timeout=30), 404, "GET /v2/nowhere: Not Found"),
+        (loopback.get(f"{BASE}/v2/nowhere", timeout=30), 404, "GET /v2/nowhere: Not Found"),
     ]
     for response, status, message in cases:
         assert response.status_code == status, (message, response.text)
@@ -203,13 +203,13 @@ def test_api_keys_apply_through_v2(oip, pixels):
     refused = _infer(body, model="digits-keyed")
     assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
     assert refused.json() == {"error": "missing API key: send the header 'Authorization: Bearer <key>'"}
-    assert httpx.get(f"{BASE}/v2/models/digits-keyed", timeout=30).status_code == 401
+    assert loopback.get(f"{BASE}/v2/models/digits-keyed", timeout=30).status_code == 401
     wrong = _infer(body, model="digits-keyed", headers={"Authorization": "Bearer " + "x" * 32})
     assert wrong.status_code == 401 and wrong.json() == {"error": "invalid API key"}
     ok = _infer(body, model="digits-keyed", headers={"Authorization": f"Bearer {KEY}"})
     assert ok.status_code == 200, ok.text
     assert len(ok.json()["outputs"][0]["data"]) == 3
-    meta = httpx.get(f"{BASE}/v2/models/digits-keyed", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    meta = loopback.get(f"{BASE}/v2/models/digits-keyed", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
     assert meta.status_code == 200 and meta.json()["name"] == "digits-keyed"
 
 
@@ -223,13 +223,13 @@ def test_the_model_answers_v2_from_its_own_application(oip, pixels):
 
     body = _tensors(oip, pixels[:3])
     rows = {"instances": [dict(zip(oip["features"], map(float, p))) for p in pixels[:3]]}
-    expected = httpx.post(f"{oip['endpoint']}/predict", json=rows, timeout=30).json()["predictions"]
+    expected = loopback.post(f"{oip['endpoint']}/predict", json=rows, timeout=30).json()["predictions"]
     serve.delete(OIP_APP)
     try:
         answered = _infer(body)
         assert answered.status_code == 200, answered.text
         assert [str(v) for v in answered.json()["outputs"][0]["data"]] == [str(v) for v in expected]
-        meta = httpx.get(f"{BASE}/v2/models/digits", timeout=30)
+        meta = loopback.get(f"{BASE}/v2/models/digits", timeout=30)
         assert meta.status_code == 200 and meta.json()["name"] == "digits", meta.text
         assert _infer(body, model="digits-keyed").status_code == 404  # served by the shared app only
     finally:
@@ -250,7 +250,7 @@ def test_a_v2_body_just_over_4_mb_is_answered_on_both_v2_paths(oip):
     assert 4.2 * 1024 * 1024 < len(body) < 10 * 1024 * 1024, len(body)
     answers = {}
     for model, headers in (("digits", {}), ("digits-keyed", {"authorization": f"Bearer {KEY}"})):
-        r = httpx.post(f"{BASE}/v2/models/{model}/infer", content=body, timeout=120,
+        r = loopback.post(f"{BASE}/v2/models/{model}/infer", content=body, timeout=120,
                        headers={"content-type": "application/json", **headers})
         assert r.status_code == 200, (model, r.status_code, r.text[:300])
         answers[model] = r.json()["outputs"][0]["data"]

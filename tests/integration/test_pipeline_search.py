@@ -2,10 +2,10 @@
 
 import json
 
-import httpx
 import pytest
 
 from tests.integration.conftest import ROOT, run
+from .. import loopback
 
 
 def _spec():
@@ -88,12 +88,12 @@ def test_sweep_over_preprocessing_and_families_serves_the_winner_with_its_own_pr
 
     data = load_breast_cancer(as_frame=True).frame
     instances = json.loads(data.drop(columns=["target"]).to_json(orient="records"))
-    served = httpx.post(f"{summary.endpoint}/predict", json={"instances": instances, "probabilities": True}, timeout=120)
+    served = loopback.post(f"{summary.endpoint}/predict", json={"instances": instances, "probabilities": True}, timeout=120)
     assert served.status_code == 200, served.text
     offline = model.predict(instances, probabilities=True)
     assert served.json()["predictions"] == offline["predictions"]
     assert served.json()["probabilities"] == offline["probabilities"]
     accuracy = sum(p == t for p, t in zip(served.json()["predictions"], data["target"])) / len(data)
     assert accuracy >= 0.9, accuracy
-    meta = httpx.get(f"{summary.endpoint}/metadata", timeout=30).json()
+    meta = loopback.get(f"{summary.endpoint}/metadata", timeout=30).json()
     assert meta["framework"] == "xgboost"

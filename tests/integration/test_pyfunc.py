@@ -17,6 +17,7 @@ import psutil
 import pytest
 import yaml
 
+from .. import loopback
 from .conftest import deploy_registered, run, serve_digits
 
 # Queries the session's served digits endpoint, kept up from module to module (conftest.DIGITS_ENDPOINT).
@@ -47,7 +48,7 @@ def mlflow_store(ws, monkeypatch):
 
 
 def _endpoint(url, rows, probabilities=True):
-    response = httpx.post(f"{url}/predict", json={"instances": rows, "probabilities": probabilities}, timeout=60)
+    response = loopback.post(f"{url}/predict", json={"instances": rows, "probabilities": probabilities}, timeout=60)
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -257,7 +258,7 @@ def test_mlflow_models_serve_answers_csv_and_json_like_the_endpoint(gappy, mlflo
         while time.monotonic() < deadline:
             assert proc.poll() is None, (tmp_path / "mlflow-serve.log").read_text()[-3000:]
             try:
-                if httpx.get(f"{url}/ping", timeout=2).status_code == 200:
+                if loopback.get(f"{url}/ping", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -268,12 +269,12 @@ def test_mlflow_models_serve_answers_csv_and_json_like_the_endpoint(gappy, mlflo
         bodies = [("text/csv", text.encode()), ("application/json", json.dumps({"dataframe_records": records}).encode()),
                   ("application/json", json.dumps({"dataframe_split": split}).encode())]
         for content_type, body in bodies:
-            response = httpx.post(f"{url}/invocations", content=body, headers={"Content-Type": content_type}, timeout=60)
+            response = loopback.post(f"{url}/invocations", content=body, headers={"Content-Type": content_type}, timeout=60)
             assert response.status_code == 200, (content_type, body[:80], response.text[:2000])
             got = pd.DataFrame(response.json()["predictions"])
             assert _as_endpoint(got) == expected, (content_type, body[:80])
         # A row the model cannot take: 400 with rayline's one-line reason, as the endpoint's 422 names it.
-        bad = httpx.post(f"{url}/invocations", json={"dataframe_records": [{**records[0], "fee": None}]}, timeout=60)
+        bad = loopback.post(f"{url}/invocations", json={"dataframe_records": [{**records[0], "fee": None}]}, timeout=60)
         assert bad.status_code == 400 and "input[0].fee: missing" in bad.json()["message"], bad.text
     finally:
         _stop_group(proc)

@@ -24,6 +24,7 @@ import yaml
 
 from tests.cli import rayline
 from tests.integration.conftest import PORT, deploy_registered, run
+from .. import loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "pipelines" / "digits-torch.yaml"
@@ -293,7 +294,6 @@ def _ours(entries: set[str], model: str) -> set[str]:
 def test_run_load_model_and_replica_leave_no_temporary_directories(ray_session, tmp_path):
     """A training run, a replica start and two `load_model`s: nothing new in /tmp or the workspace's tmp/,
     one cached copy per version, and the second load reuses it (no copy)."""
-    import httpx
     from ray import serve
 
     import rayline
@@ -321,7 +321,7 @@ def test_run_load_model_and_replica_leave_no_temporary_directories(ray_session, 
         from rayline.serve.details import deployment_failure
 
         raise AssertionError(f"{exc}: {deployment_failure('tmpcheck')}") from exc
-    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    assert loopback.get(f"{url}/health", timeout=10).status_code == 200
     cached = list((ws.cache_dir / "models" / "tmpcheck").iterdir())
     assert [p.name.split("-")[0] for p in cached] == [summary.version], cached
 

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from .. import loopback
 from ..cli import rayline
 from ..ray_metrics import metrics_export_text
 from .conftest import OWN_RAY, PORT, fresh_ray, run
@@ -142,7 +143,7 @@ def test_drift_then_new_data_retrain_judge_and_promote_a_canary_under_load(loop_
     b_rows = _rows(rng, 4.0)
     instances = b_rows.drop(columns="y").to_dict("records")
     for start in range(0, 200, 50):
-        assert httpx.post(f"{summary.endpoint}/predict", json={"instances": instances[start:start + 50]},
+        assert loopback.post(f"{summary.endpoint}/predict", json={"instances": instances[start:start + 50]},
                           timeout=60).status_code == 200
     started = _wait_for("a retrain on drift", _decision("retrain"))
     assert started["why"].startswith("drift: drifting for") and "x1 (psi" in started["why"], started
@@ -202,7 +203,7 @@ def test_drift_then_new_data_retrain_judge_and_promote_a_canary_under_load(loop_
             t.join(timeout=60)
     failed = [a for a in answers if a != 200]
     assert len(answers) > 150 and not failed, (len(answers), failed[:5])
-    served = httpx.post(f"{summary.endpoint}/predict", json={"instances": instances[:3]}, timeout=30)
+    served = loopback.post(f"{summary.endpoint}/predict", json={"instances": instances[:3]}, timeout=30)
     assert served.headers["x-rayline-version"] == challenger
     decisions = [d["decision"] for d in _status()["record"]["decisions"]]
     assert decisions[-5:] == ["retrain", "not_deployed", "retrain", "canary", "promoted"], decisions
@@ -216,7 +217,7 @@ def test_drift_then_new_data_retrain_judge_and_promote_a_canary_under_load(loop_
     assert registry.alias_version(NAME, "champion") == challenger and len(registry.model_versions(NAME)) == versions_before
     _wait_for("the loop declining the same data", lambda: "data unchanged" in (_status().get("waiting") or ""))
     assert [d["decision"] for d in _status()["record"]["decisions"][count:]] == ["retrain", "failed"]
-    assert httpx.post(f"{summary.endpoint}/predict", json={"instances": instances[:3]}, timeout=30).status_code == 200
+    assert loopback.post(f"{summary.endpoint}/predict", json={"instances": instances[:3]}, timeout=30).status_code == 200
 
     # Prometheus: a counter per decision, exported by the loop's node (every 2 s in the session's Ray).
     def exported():
@@ -268,7 +269,7 @@ def test_drift_then_new_data_retrain_judge_and_promote_a_canary_under_load(loop_
     assert "its retrain loop is stopped" in deleted.stdout, deleted.stdout
     assert _status() == {} and rollout_state(NAME) is None
     assert not [a for a in serve.status().applications if a == NAME or a.startswith(f"{NAME}-")]
-    _wait_for("the deleted route's 404", lambda: httpx.post(f"{summary.endpoint}/predict", json={"instances": instances[:1]},
+    _wait_for("the deleted route's 404", lambda: loopback.post(f"{summary.endpoint}/predict", json={"instances": instances[:1]},
                                                             timeout=30).status_code == 404, 60)
     assert len(registry.model_versions(NAME)) == versions_now and registry.alias_version(NAME, "champion") == challenger
     entry = json.loads(registry.version_details(NAME, challenger)[0].tags["rayline.deployments"])[-1]

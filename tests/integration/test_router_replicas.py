@@ -17,6 +17,7 @@ from collections import Counter
 
 import httpx
 
+from .. import loopback
 from ..ray_metrics import metrics_export_text
 from .conftest import PORT
 
@@ -87,7 +88,7 @@ def _lose_a_replica_under_light_load(body) -> None:
                     failed_at.append(time.monotonic())
                 time.sleep(PACE_S)
 
-    names = [f["name"] for f in httpx.get(f"{url}/metadata", timeout=30).json()["features"]]
+    names = [f["name"] for f in loopback.get(f"{url}/metadata", timeout=30).json()["features"]]
     rows = [dict(zip(names, values)) for values in body["instances"]]
 
     def call_client():
@@ -172,12 +173,12 @@ def test_every_router_replica_follows_the_split(digits, ws):
             settle(table)  # what `rayline serve deploy|promote|rollback` waits before saying the split is live
             seen, versions = Counter(), Counter()
             for _ in range(REQUESTS_PER_SPLIT):
-                r = httpx.get(f"http://127.0.0.1:{PORT}{ROUTE}/-/routing", timeout=30)
+                r = loopback.get(f"http://127.0.0.1:{PORT}{ROUTE}/-/routing", timeout=30)
                 assert r.status_code == 200, r.text
                 got = r.json()
                 seen[(got["revision"], tuple(sorted(got["effective_weights"].items())), got["canary"])] += 1
                 assert set(got["loaded"]) == set(weights), got  # the replica holds exactly the live versions
-                p = httpx.post(f"http://127.0.0.1:{PORT}{ROUTE}/predict", json=body, timeout=30)
+                p = loopback.post(f"http://127.0.0.1:{PORT}{ROUTE}/predict", json=body, timeout=30)
                 assert p.status_code == 200, p.text
                 assert p.headers["x-rayline-version"] == p.json()["version"], (p.headers, p.text)
                 versions[p.json()["version"]] += 1

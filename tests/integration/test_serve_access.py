@@ -18,6 +18,7 @@ import httpx
 import pytest
 import yaml
 
+from .. import loopback
 from ..ray_metrics import metrics_export_text
 from .conftest import PORT, ROOT, run
 
@@ -50,7 +51,7 @@ def _deploy(digits, ws, app, auth):
     # count after it one off). /health needs no key; its answer is counted as the app counts it.
     url = f"http://127.0.0.1:{PORT}/{app}"
     deadline = time.monotonic() + 120  # a guard against a hang, not a bound on a slow box
-    while (r := httpx.get(f"{url}/health", timeout=60)).status_code == 404 and time.monotonic() < deadline:
+    while (r := loopback.get(f"{url}/health", timeout=60)).status_code == 404 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert r.status_code == 200, r.text
     sent[("health", 200)] += 1
@@ -73,7 +74,7 @@ def instance(digits, ws):
 
 
 def _send(method, url, endpoint, **kwargs):
-    r = httpx.request(method, url, timeout=60, **kwargs)
+    r = httpx.request(method, url, timeout=60, verify=loopback.TLS, **kwargs)
     sent[(endpoint, r.status_code)] += 1
     return r
 
@@ -154,12 +155,12 @@ def key_traffic(keyfile_app, keyed_run, instance):
     iris = {"sepal length (cm)": 5.1, "sepal width (cm)": 3.5, "petal length (cm)": 1.4, "petal width (cm)": 0.2}
     url = keyed_run.endpoint
     for target in (url, f"{url}/v/{keyed_run.version}"):  # through the router, and to the version directly
-        r = httpx.post(f"{target}/predict", json={"instances": [iris]}, headers={"Authorization": f"Bearer {env_key}"}, timeout=60)
+        r = loopback.post(f"{target}/predict", json={"instances": [iris]}, headers={"Authorization": f"Bearer {env_key}"}, timeout=60)
         assert r.status_code == 200, r.text
-        r = httpx.post(f"{target}/predict", json={"instances": [{**iris, "sepal width (cm)": "not a number"}]},
+        r = loopback.post(f"{target}/predict", json={"instances": [{**iris, "sepal width (cm)": "not a number"}]},
                        headers={"Authorization": f"Bearer {env_key}"}, timeout=60)
         assert r.status_code == 422, r.text
-        r = httpx.post(f"{target}/predict", json={"instances": [iris]}, headers={"Authorization": f"Bearer {wrong_env_key}"},
+        r = loopback.post(f"{target}/predict", json={"instances": [iris]}, headers={"Authorization": f"Bearer {wrong_env_key}"},
                        timeout=60)
         assert r.status_code == 401 and wrong_env_key not in r.text, r.text
     return {"file key": KEY, "other file key": OTHER_KEY, "wrong file key": WRONG_KEY,
@@ -262,10 +263,10 @@ def test_keys_from_the_ray_nodes_environment(keyed_run):
     key = os.environ[ENV_VAR]
     iris = {"sepal length (cm)": 6.7, "sepal width (cm)": 3.0, "petal length (cm)": 5.2, "petal width (cm)": 2.3}
     for url in (keyed_run.endpoint, f"{keyed_run.endpoint}/v/{keyed_run.version}"):
-        assert httpx.post(f"{url}/predict", json={"instances": [iris]}, timeout=60).status_code == 401
-        r = httpx.post(f"{url}/predict", json={"instances": [iris]}, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        assert loopback.post(f"{url}/predict", json={"instances": [iris]}, timeout=60).status_code == 401
+        r = loopback.post(f"{url}/predict", json={"instances": [iris]}, headers={"Authorization": f"Bearer {key}"}, timeout=60)
         assert r.status_code == 200 and len(r.json()["predictions"]) == 1, r.text
-        assert httpx.get(f"{url}/health", timeout=60).status_code == 200
+        assert loopback.get(f"{url}/health", timeout=60).status_code == 200
 
 
 def test_missing_keys_fail_the_deployment_naming_the_variable(digits, ws):

@@ -25,6 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
+from .. import loopback
 from .conftest import PORT, deploy_registered, serve_digits, wait_for_200
 
 # Queries the session's served digits endpoint, kept up from module to module (conftest.DIGITS_ENDPOINT).
@@ -40,7 +41,7 @@ def endpoint(digits, ws):
 
 @pytest.fixture(scope="module")
 def features(endpoint):
-    return [f["name"] for f in httpx.get(f"{endpoint}/metadata", timeout=30).json()["features"]]
+    return [f["name"] for f in loopback.get(f"{endpoint}/metadata", timeout=30).json()["features"]]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def _deploy(name, digits, ws, **settings):
 
 
 def _post(url, body, timeout=60):
-    return httpx.post(f"{url}/predict", content=json.dumps(body), headers={"content-type": "application/json"},
+    return loopback.post(f"{url}/predict", content=json.dumps(body), headers={"content-type": "application/json"},
                       timeout=timeout)
 
 
@@ -146,7 +147,7 @@ def test_batcher_merges_splits_and_isolates_model_errors(ray_session):
         body = lambda x: json.dumps({"x": np.where(np.isnan(x), None, x).tolist()})  # noqa: E731
         for _ in range(3):
             with ThreadPoolExecutor(len(xs)) as pool:
-                answers = list(pool.map(lambda x: httpx.post(url, content=body(x), timeout=30), xs))
+                answers = list(pool.map(lambda x: loopback.post(url, content=body(x), timeout=30), xs))
             # HAProxy's reload right after a deploy can still send a request of the round to a
             # replica of another app (404 "Path '/batch-probe' not found", seen in CI after GET
             # /calls had answered): not the batcher's doing. Drop that round's record, send it again.
@@ -158,7 +159,7 @@ def test_batcher_merges_splits_and_isolates_model_errors(ray_session):
         return [np.asarray(a["out"], dtype=np.float32) if "out" in a else a["error"] for a in answers]
 
     def calls():
-        return httpx.get(f"{url}/calls", timeout=30).json()
+        return loopback.get(f"{url}/calls", timeout=30).json()
 
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})  # if this test is the first to start Serve
     try:
@@ -192,8 +193,8 @@ def test_batcher_merges_splits_and_isolates_model_errors(ray_session):
 def test_array_rows_answer_exactly_as_object_rows(endpoint, rows, features):
     objects = rows[:7]
     arrays = [[row[f] for f in features] for row in objects]
-    a = httpx.post(f"{endpoint}/predict", json={"instances": objects, "probabilities": True}, timeout=30)
-    b = httpx.post(f"{endpoint}/predict", json={"instances": arrays, "probabilities": True}, timeout=30)
+    a = loopback.post(f"{endpoint}/predict", json={"instances": objects, "probabilities": True}, timeout=30)
+    b = loopback.post(f"{endpoint}/predict", json={"instances": arrays, "probabilities": True}, timeout=30)
     assert a.status_code == b.status_code == 200, b.text
     assert a.json() == b.json()
 
@@ -206,7 +207,7 @@ def test_array_rows_answer_exactly_as_object_rows(endpoint, rows, features):
 def test_bad_array_rows_are_422_naming_the_feature(endpoint, rows, features, mutate, loc, kind):
     arrays = [[row[f] for f in features] for row in rows[:2]]
     arrays[1] = mutate(arrays[1])
-    response = httpx.post(f"{endpoint}/predict", json={"instances": arrays}, timeout=30)
+    response = loopback.post(f"{endpoint}/predict", json={"instances": arrays}, timeout=30)
     assert response.status_code == 422, response.text
     assert {"loc": loc, "type": kind} in [{"loc": d["loc"], "type": d["type"]} for d in response.json()["detail"]]
 
@@ -242,7 +243,7 @@ def test_at_most_20_errors_are_listed(endpoint, rows):
 
 
 def test_openapi_documents_float32_bounds(endpoint, features):
-    schema = httpx.get(f"{endpoint}/openapi.json", timeout=30).json()
+    schema = loopback.get(f"{endpoint}/openapi.json", timeout=30).json()
     prop = schema["components"]["schemas"]["Instance"]["properties"][features[0]]
     assert prop["maximum"] == 3.4028234663852886e38 and prop["minimum"] == -3.4028234663852886e38
 
@@ -256,7 +257,7 @@ def test_a_body_just_over_4_mb_is_answered_on_the_printed_route_and_the_version_
     body = json.dumps({"instances": instances}).encode()
     assert 4 * 1024 * 1024 < len(body) < 10 * 1024 * 1024, len(body)
     for url in (endpoint, f"{endpoint}/v/{digits.version}"):
-        response = httpx.post(f"{url}/predict", content=body, headers={"content-type": "application/json"}, timeout=120)
+        response = loopback.post(f"{url}/predict", content=body, headers={"content-type": "application/json"}, timeout=120)
         assert response.status_code == 200, (url, response.status_code, response.text[:300])
         assert len(response.json()["predictions"]) == n
         assert response.json()["version"] == str(digits.version)
@@ -281,8 +282,8 @@ class Route:
         if self.kind == "v2":
             body = {"inputs": [{"name": f, "datatype": "FP64", "shape": [len(rows)], "data": [r[f] for r in rows]}
                                for f in self.features]}
-            return httpx.post(self.url, content=json.dumps(body), headers=headers, timeout=timeout)
-        return httpx.post(f"{self.url}/predict", content=json.dumps({"instances": rows}), headers=headers, timeout=timeout)
+            return loopback.post(self.url, content=json.dumps(body), headers=headers, timeout=timeout)
+        return loopback.post(f"{self.url}/predict", content=json.dumps({"instances": rows}), headers=headers, timeout=timeout)
 
     def message(self, response) -> str:
         body = response.json()
@@ -366,9 +367,9 @@ def test_a_missing_or_wrong_key_is_401(slow, rows):
 
 
 def _running(app):
-    from ray import serve
+    from rayline.serve.details import serve_status
 
-    status = serve.status().applications.get(app)
+    status = serve_status().applications.get(app)
     if status is None:
         return 0
     deployment = status.deployments["digits-model"]
@@ -387,6 +388,12 @@ def test_replicas_rise_to_max_under_load_and_fall_back(digits, ws, rows):
                   replicas={"min": 1, "max": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0.5,
                             "downscale_delay_s": 2, "look_back_period_s": 2})
     assert _running("digits-scale") == 1
+    # rayline reads Serve's status from the controller's details (rayline.serve.details.serve_status, what
+    # its deploys and `_running` poll): the same ServeStatus as serve.status(), every app, deployment and
+    # proxy of this session's Serve (read twice: an app of another test may change state in between).
+    from rayline.serve.details import serve_status
+
+    assert any(serve_status() == serve.status() for _ in range(3)), (serve_status(), serve.status())
     loaded, body = threading.Event(), {"instances": rows[:1]}
     loaded.set()
 

@@ -14,10 +14,10 @@ import secrets
 import shutil
 import time
 
-import httpx
 import pytest
 import yaml
 
+from .. import loopback
 from . import slow_model
 from .test_cluster import _cli
 
@@ -164,7 +164,7 @@ def test_submit_follow_runs_the_pipeline_and_jobs_show_it(head, tmp_path):
                  f"job {job} SUCCEEDED"):
         assert line in out, (line, out[-4000:])
     # The endpoint outlives the job: Serve apps belong to the cluster.
-    answer = httpx.post(f"http://127.0.0.1:{_SERVE}/iris-submit/predict", timeout=60, json={"instances": [
+    answer = loopback.post(f"http://127.0.0.1:{_SERVE}/iris-submit/predict", timeout=60, json={"instances": [
         {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}]})
     assert answer.status_code == 200 and answer.json()["predictions"] == [0], answer.text
     print(f"submit --follow: {took:.1f} s")
@@ -186,7 +186,7 @@ def test_submit_follow_runs_the_pipeline_and_jobs_show_it(head, tmp_path):
 
 def test_without_a_token_it_fails_closed_and_the_token_never_shows(head, tmp_path):
     no_token = {"RAY_AUTH_TOKEN": "", "RAY_AUTH_TOKEN_PATH": "", "RAY_AUTH_MODE": "", "HOME": str(tmp_path)}
-    before = httpx.get(f"http://127.0.0.1:{_DASH}/api/jobs/", headers={"Authorization": f"Bearer {head['token']}"},
+    before = loopback.get(f"http://127.0.0.1:{_DASH}/api/jobs/", headers={"Authorization": f"Bearer {head['token']}"},
                        timeout=30).json()
     for args in (["submit", str(head["project"] / "iris.yaml"), "--no-serve"], ["jobs", "list"]):
         proc = _run(head, *args, env=no_token)
@@ -195,7 +195,7 @@ def test_without_a_token_it_fails_closed_and_the_token_never_shows(head, tmp_pat
         assert "RAY_AUTH_TOKEN" in proc.stderr and "RAY_AUTH_TOKEN_PATH" in proc.stderr
     wrong = _run(head, "jobs", "list", env={"RAY_AUTH_TOKEN": "rl-wrong-" + "0" * 20})
     _one_line_error(wrong, f"error: http://127.0.0.1:{_DASH}: the Ray cluster rejected the auth token")
-    after = httpx.get(f"http://127.0.0.1:{_DASH}/api/jobs/", headers={"Authorization": f"Bearer {head['token']}"},
+    after = loopback.get(f"http://127.0.0.1:{_DASH}/api/jobs/", headers={"Authorization": f"Bearer {head['token']}"},
                       timeout=30).json()
     assert len(after) == len(before)  # nothing was submitted without the token
 
@@ -237,7 +237,7 @@ def test_jobs_stop_stops_a_running_job(head):
     logs = ""
     while "train: started" not in logs and time.monotonic() < deadline:  # polled over HTTP: a CLI call costs ~3 s here
         time.sleep(1)
-        logs = httpx.get(f"http://127.0.0.1:{_DASH}/api/jobs/{job}/logs", timeout=30,
+        logs = loopback.get(f"http://127.0.0.1:{_DASH}/api/jobs/{job}/logs", timeout=30,
                          headers={"Authorization": f"Bearer {head['token']}"}).json()["logs"]
     assert "train: started" in logs, logs[-3000:]
     # Ctrl-C while following stops following, not the job; so does SIGTERM (docker stop, Kubernetes).
@@ -274,7 +274,7 @@ def test_jobs_stop_stops_a_running_job(head):
         assert err.strip().splitlines()[-1] == (f"stopped following {job}; the job keeps running on the cluster "
                                                 f"(stop it with `rayline jobs stop {job}`)"), (sig, err)
         assert "Traceback" not in err and "SIGTERM received" not in err and "train: started" in out, (sig, err)
-    status = httpx.get(f"http://127.0.0.1:{_DASH}/api/jobs/{job}", headers={"Authorization": f"Bearer {head['token']}"},
+    status = loopback.get(f"http://127.0.0.1:{_DASH}/api/jobs/{job}", headers={"Authorization": f"Bearer {head['token']}"},
                        timeout=30).json()["status"]
     assert status == "RUNNING"
     stopped = _run(head, "jobs", "stop", job)

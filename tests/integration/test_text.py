@@ -11,11 +11,11 @@ import re
 import subprocess
 import sys
 
-import httpx
 import numpy as np
 import pandas as pd
 import pytest
 
+from .. import loopback
 from ..ray_metrics import metrics_export_text
 from .conftest import PORT, ROOT, pipeline_script, run
 
@@ -56,7 +56,7 @@ def test_strings_over_http_answer_as_the_offline_model(text_run, ws, tickets):
     from rayline import load_model
 
     frame, rows = _rows(tickets, 50)
-    response = httpx.post(f"{text_run.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60)
+    response = loopback.post(f"{text_run.endpoint}/predict", json={"instances": rows, "probabilities": True}, timeout=60)
     assert response.status_code == 200, response.text
     body = response.json()
     offline = load_model(text_run.name, text_run.version, workspace=str(ws.root)).predict(
@@ -66,7 +66,7 @@ def test_strings_over_http_answer_as_the_offline_model(text_run, ws, tickets):
     np.testing.assert_allclose([[p[c] for c in classes] for p in body["probabilities"]],
                                [[p[c] for c in classes] for p in offline["probabilities"]], rtol=1e-5, atol=1e-7)
     assert np.mean(np.asarray(body["predictions"]) == frame["team"].to_numpy()) >= ACCURACY - 0.1
-    meta = httpx.get(f"{text_run.endpoint}/metadata", timeout=30).json()
+    meta = loopback.get(f"{text_run.endpoint}/metadata", timeout=30).json()
     assert [(f["name"], f["type"]) for f in meta["features"]] == [("text", "text"), ("channel", "string"),
                                                                   ("account_age_days", "integer")]
 
@@ -78,14 +78,14 @@ def test_strings_over_http_answer_as_the_offline_model(text_run, ws, tickets):
 def test_bad_text_is_refused_naming_the_row(text_run, tickets, value, status, message):
     _, rows = _rows(tickets, 2)
     rows[1]["text"] = value
-    response = httpx.post(f"{text_run.endpoint}/predict", json={"instances": rows}, timeout=30)
+    response = loopback.post(f"{text_run.endpoint}/predict", json={"instances": rows}, timeout=30)
     assert response.status_code == status, response.text[:500]
     assert message in response.text
 
 
 def test_tritonclient_sends_text_as_bytes_tensors(text_run, tickets):
     frame, rows = _rows(tickets, 10)
-    expected = httpx.post(f"{text_run.endpoint}/predict", json={"instances": rows}, timeout=60).json()["predictions"]
+    expected = loopback.post(f"{text_run.endpoint}/predict", json={"instances": rows}, timeout=60).json()["predictions"]
     client = tritonhttp.InferenceServerClient(url=f"127.0.0.1:{PORT}", connection_timeout=60, network_timeout=60)
     try:
         meta = client.get_model_metadata(text_run.name)
@@ -187,7 +187,7 @@ def _monitoring(endpoint, until, timeout_s=30.0):
 
     deadline, report = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
-        response = httpx.get(f"{endpoint}/monitoring", timeout=10)
+        response = loopback.get(f"{endpoint}/monitoring", timeout=10)
         assert response.status_code == 200, response.text
         report = response.json()
         if until(report):
@@ -224,7 +224,7 @@ def test_live_traffic_is_monitored_against_the_training_statistics(text_run, ws,
 
     def send(batch):
         for i in range(0, len(batch), 25):
-            response = httpx.post(f"{text_run.endpoint}/predict", json={"instances": batch[i:i + 25]}, timeout=60)
+            response = loopback.post(f"{text_run.endpoint}/predict", json={"instances": batch[i:i + 25]}, timeout=60)
             assert response.status_code == 200, response.text
 
     send(rows[:400])

@@ -37,6 +37,7 @@ from rayline.registry import DEPLOYMENTS_TAG
 
 from tests.cli import rayline
 
+from .. import loopback
 from .conftest import PORT, ROOT, wait_for_200
 
 BASE = f"http://127.0.0.1:{PORT}"
@@ -122,7 +123,7 @@ def setup(digits, ws):
     # oip=False: no V2 application of its own (test_oip covers it); the module's version apps need the CPUs.
     rollout = versions.deploy("digits", digits.version, ws=ws, serve_spec=ServeSpec(route=ROUTE, oip=False), port=PORT)
     assert rollout.champion == digits.version and rollout.url == URL
-    features = [f["name"] for f in httpx.get(f"{URL}/v/{digits.version}/metadata", timeout=30).json()["features"]]
+    features = [f["name"] for f in loopback.get(f"{URL}/v/{digits.version}/metadata", timeout=30).json()["features"]]
     from sklearn.datasets import load_digits
 
     rows = [dict(zip(features, map(float, r))) for r in load_digits().data[:2]]
@@ -282,7 +283,7 @@ def test_canary_promote_rollback_under_load_fail_no_request(setup, digits, ws):
     assert not np.allclose(expected[v1], expected[v2], rtol=1e-3)
     rows = json.loads(probe.iloc[picked][setup["features"]].to_json(orient="records"))
     body = json.dumps({"instances": rows, "probabilities": True}).encode()
-    answer = _post(httpx, f"{URL}/v/{v1}/predict", body).json()  # version 1's own route answers as it trained
+    answer = _post(loopback, f"{URL}/v/{v1}/predict", body).json()  # version 1's own route answers as it trained
     assert answer["version"] == v1 and _answered_by(answer, expected) == v1, answer
 
     phase, stop, seen = ["champion"], threading.Event(), []
@@ -347,14 +348,14 @@ def test_canary_promote_rollback_under_load_fail_no_request(setup, digits, ws):
                           ("promote", "champion", 100, ROUTE, f"digits-v{v2}")]
     assert record[v1][-1] == ("rollback", "champion", 100, ROUTE, f"digits-v{v1}")
 
-    answer = _post(httpx, f"{URL}/v/{v2}/predict", body).json()  # and version 2's, as it trained
+    answer = _post(loopback, f"{URL}/v/{v2}/predict", body).json()  # and version 2's, as it trained
     assert answer["version"] == v2 and _answered_by(answer, expected) == v2, answer
 
     # v2 holds no traffic now: it can be retired; the champion cannot.
     _one_line_error(_cli("remove", "digits", "--version", v1, "-w", str(ws.root)), f"version {v1} is the champion")
     proc = _cli("remove", "digits", "--version", v2, "-w", str(ws.root))
     assert proc.returncode == 0 and f"version {v2} removed" in proc.stdout, proc.stderr
-    assert _post(httpx, f"{URL}/v/{v2}/predict", body).status_code == 404
+    assert _post(loopback, f"{URL}/v/{v2}/predict", body).status_code == 404
 
 
 # ---------------------------------------------------------------- the metric gate
@@ -392,7 +393,7 @@ def test_slow_canary_is_rolled_back_by_p99_and_status_says_why(setup, ws):
     assert all(status == 200 for status, _ in out)
     canary_seen = [i for i, (_, v) in enumerate(out) if v == v3]
     assert 8 <= len(canary_seen) < 40, Counter(v for _, v in out)  # tripped after min_requests, not at the end
-    routing = httpx.get(f"{URL}/-/routing", timeout=10).json()
+    routing = loopback.get(f"{URL}/-/routing", timeout=10).json()
     assert routing["tripped"]["limit"] == "max_p99_ms" and routing["effective_weights"] == {v1: 100}
     # The champion has it all again. (Asked after the trip is read back: how many of the 80
     # came after the canary's last answer depends on how fast this machine is at the moment.)
@@ -558,11 +559,11 @@ def test_a_running_version_takes_new_serve_settings_in_place_under_load(setup, w
     assert len(setup["body"]) > 1024  # over the smallest limit serve.max_body_bytes allows
     small = _cli("deploy", "digits", "--version", champion, "--set", "serve.max_body_bytes=1024", *w)
     assert small.returncode == 0 and "max_body_bytes" in small.stdout, small.stdout + small.stderr
-    _until(lambda: _post(httpx, f"{URL}/predict", setup["body"]).status_code == 413, "413 for a body over the new limit")
+    _until(lambda: _post(loopback, f"{URL}/predict", setup["body"]).status_code == 413, "413 for a body over the new limit")
     back = _cli("deploy", "digits", "--version", champion, "--set", f"serve.replicas.max={before}",
                 "--set", "serve.max_body_bytes=10485760", *w)
     assert back.returncode == 0, back.stdout + back.stderr
-    _until(lambda: _post(httpx, f"{URL}/predict", setup["body"]).status_code == 200, "200 again")
+    _until(lambda: _post(loopback, f"{URL}/predict", setup["body"]).status_code == 200, "200 again")
     assert _most_replicas(champion) == before
 
 
@@ -591,7 +592,7 @@ def test_latest_is_resolved_once_when_the_app_is_built(setup, ws):
     serve.run(build_app(args), name="digits-latest", route_prefix="/digits-latest", blocking=False)
     url = f"{BASE}/digits-latest"
     _wait_health(url)
-    assert httpx.get(f"{url}/metadata", timeout=30).json()["version"] == built
+    assert loopback.get(f"{url}/metadata", timeout=30).json()["version"] == built
     newer = _register_copy(ws, "digits", built)
     assert Registry(ws).resolve("digits").version == newer
     (replica,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if "digits-latest" in a["name"]]
@@ -603,6 +604,6 @@ def test_latest_is_resolved_once_when_the_app_is_built(setup, ws):
             break
         time.sleep(0.3)
     _wait_health(url)
-    versions_seen = {httpx.get(f"{url}/metadata", timeout=30).json()["version"] for _ in range(5)}
+    versions_seen = {loopback.get(f"{url}/metadata", timeout=30).json()["version"] for _ in range(5)}
     assert versions_seen == {built}
     serve.delete("digits-latest")

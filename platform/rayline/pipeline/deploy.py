@@ -46,7 +46,9 @@ def _delete_app(name: str) -> bool:
     try:
         from ray import serve
 
-        if name in serve.status().applications:
+        from rayline.serve.details import serve_status
+
+        if name in serve_status().applications:
             serve.delete(name)
             return True
     except Exception:  # noqa: BLE001 - best effort on the way out of an interruption

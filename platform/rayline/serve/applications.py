@@ -28,10 +28,10 @@ def version_route(route: str, version: str) -> str:
 
 
 def serve_apps() -> dict:
-    from ray import serve
+    from rayline.serve.details import serve_status
 
     try:
-        return serve.status().applications
+        return serve_status().applications
     except Exception:  # noqa: BLE001 - Serve not started on this cluster: nothing served
         return {}
 
@@ -70,12 +70,12 @@ def ensure_serve(host: str, port: int):
 
 
 def _wait_proxies_healthy(timeout_s: float = 120.0) -> None:
-    from ray import serve
+    from rayline.serve.details import serve_status
 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            proxies = serve.status().proxies
+            proxies = serve_status().proxies
         except Exception:  # noqa: BLE001 - the controller is still coming up
             proxies = {}
         if proxies and all(str(getattr(p, "value", p)) == "HEALTHY" for p in proxies.values()):

@@ -404,7 +404,9 @@ def build_app(args: Optional[dict] = None):
 def ensure_oip_app() -> bool:
     """Deploy `rayline-v2` at `/v2` unless this Serve instance already runs it; True when deployed now.
     Needs a connected Ray with Serve started."""
-    status = serve.status().applications.get(OIP_APP)
+    from rayline.serve.details import serve_status
+
+    status = serve_status().applications.get(OIP_APP)
     if status is not None and str(status.status) not in ("DEPLOY_FAILED", "DELETING", "ApplicationStatus.DEPLOY_FAILED",
                                                          "ApplicationStatus.DELETING"):
         return False
