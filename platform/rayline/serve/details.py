@@ -24,8 +24,8 @@ def serve_status():
     message and replica states, each proxy's status), built from the controller's details as
     `ServeInstanceDetails._get_status` builds it, without validating those details into Serve's
     pydantic models first: that validation cloudpickles every deployment's request-router class,
-    38 ms of CPU per call with 6 applications against 0.8 ms here (2-core box, 2026-12-06), and
-    deploys and the suite poll it several times a second."""
+    51 ms of CPU per call with 6 applications against 1.5 ms here (benchmarks/serve_status.py, 2-core
+    box, 2026-12-06), and deploys and the suite poll it several times a second."""
     from collections import Counter
 
     from ray.serve.schema import ApplicationStatusOverview, DeploymentStatusOverview, ServeStatus
