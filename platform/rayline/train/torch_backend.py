@@ -213,6 +213,12 @@ class TorchBackend(Backend):
 
         return TorchTrainer
 
+    def trainer_options(self) -> dict:
+        # Ray's TorchConfig, which the controller would unpickle, imports torch there (rayline/train/torch_cluster.py).
+        from rayline.train.torch_cluster import TorchClusterConfig
+
+        return {"torch_config": TorchClusterConfig()}
+
     def versions(self) -> dict[str, str]:
         import torch
 
