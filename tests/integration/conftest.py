@@ -48,6 +48,11 @@ DIGITS_ENDPOINT = "digits_endpoint"
 # shows both lanes' sums).
 OWN_RAY = "own_ray"
 
+# A test marked SESSION_LANE_MARK runs in the session lane although it needs nothing of its Ray: a test
+# that waits on a clock of another program (MLflow's 20-s SQLite lock wait) or drives a browser, moved
+# when the other lane's sum is the longer one (tests/timings.py).
+SESSION_LANE_MARK = "session_lane"
+
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config, items):
@@ -55,7 +60,7 @@ def pytest_collection_modifyitems(config, items):
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
         shares_session = {"ray_session", "ws"} & set(getattr(item, "fixturenames", ())) \
-            and not item.get_closest_marker(OWN_RAY)
+            and not item.get_closest_marker(OWN_RAY) or item.get_closest_marker(SESSION_LANE_MARK)
         item.add_marker(pytest.mark.xdist_group(SESSION_LANE if shares_session else OWN_PROCESSES_LANE))
     # Stable: every other item keeps its place relative to the rest (every xdist worker sorts alike).
     items.sort(key=lambda item: not (_in_session_lane(item) and item.get_closest_marker(DIGITS_ENDPOINT)))

@@ -16,6 +16,10 @@ from bs4 import BeautifulSoup
 
 from tests.unit.test_report import TRIALS, build_store, figure_data, network_references
 
+# One lane for the module, the session's (conftest.SESSION_LANE_MARK): its sweep test needs the session's
+# digits run, and the others then share its browser and synthetic store instead of a second of each.
+pytestmark = pytest.mark.session_lane
+
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--no-first-run", "--disable-sync"]
 

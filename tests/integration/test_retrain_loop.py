@@ -4,7 +4,9 @@ distribution A serves traffic from B; its endpoint's monitoring says drifting; t
 same data, is judged not better by `compare.min_delta` and stays registered, not deployed; B's
 file lands in the source folder; the loop retrains on the change, the challenger beats the
 champion on the new test split, goes out as a gated canary and is promoted under steady load with
-no failed request, although the loop's process is killed while it watches the canary.
+no failed request, although the loop's process is killed while it watches the canary. Then the
+schedule trigger on the same model, and a cluster that comes back empty: its Serve config, applied
+again with Ray's own `serve deploy`, brings the loop back with its record.
 """
 
 from __future__ import annotations
@@ -310,4 +312,58 @@ def test_a_schedule_retrains_on_its_clock_with_no_drift_and_no_new_data(loop_run
         assert again["why"] == "schedule: every 3 s", again
     finally:
         stop_loop(NAME)
+    assert _status() == {}
+
+
+def test_a_cluster_that_comes_back_empty_gets_its_loop_back_from_its_serve_config(loop_run, ws, tmp_path):
+    """A head that restarts without GCS fault tolerance comes back with no actors, no Serve apps and no
+    KV: the retrain loop, a detached actor, is gone with the rest. What brings the endpoint back is its
+    Serve config applied again (KubeRay's RayService does it; here Ray's own `serve deploy` CLI on a new
+    Ray), and building the config's router application starts the champion's loop again, which picks
+    up from its record (a tag of the registered model, kept in the workspace's MLflow store)."""
+    import subprocess
+    import sys
+
+    import ray
+    from ray import serve
+
+    from rayline.registry import RETRAIN_LOOP_TAG, Registry
+
+    summary, folder, rng = loop_run
+    registry = Registry(ws)
+    champion = registry.alias_version(NAME, "champion")
+    config = tmp_path / f"{NAME}-serve.yaml"
+    export = rayline("serve", "export", NAME, "-w", str(ws.root), "--output", str(config), f"--port={LOOP_PORT}",
+                    "--no-v2")  # the model's own apps: what brings its loop back
+    assert export.returncode == 0, export.stdout + export.stderr
+    before = json.loads(registry.model_tag(NAME, RETRAIN_LOOP_TAG))
+    assert before["state"] == "stopped" and before["decisions"], before  # the tests above stopped it
+
+    serve.shutdown()
+    ray.shutdown()  # the old head: its actors, applications and KV gone with it
+    # The new Ray, as the suite starts one; the module's fixture stops it at the end, as it would the old.
+    next(fresh_ray())
+    assert _status() == {}  # no loop on the new cluster until the config is applied
+    dashboard = ray._private.worker.get_dashboard_url()
+    serve_cli = os.path.join(os.path.dirname(sys.executable), "serve")
+    deployed = subprocess.run([serve_cli, "deploy", str(config), "--address", f"http://{dashboard}"],
+                              capture_output=True, text=True, timeout=120)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    status = _wait_for("the loop started again by the config's router", lambda: (
+        _status().get("record", {}).get("state") == "watching" and _status()), 180)
+    # Its record as the old cluster left it, carried on: the earlier decisions in order, the stop last
+    # (a decision taken since would follow them; the record keeps the last 10).
+    kept = status["record"]["decisions"]
+    assert before["decisions"][-1] in kept, status["record"]
+    upto = kept[:kept.index(before["decisions"][-1]) + 1]
+    assert upto == before["decisions"][-len(upto):], status["record"]
+    shown = rayline("retrain", "status", NAME, "-w", str(ws.root))
+    assert shown.returncode == 0 and f"{NAME} retrain loop: watching" in shown.stdout, shown.stdout + shown.stderr
+    instances = [{"x1": 0.5, "x2": 0.0}]
+    answered = _wait_for("the config's route answering", lambda: (
+        (r := loopback.post(f"http://127.0.0.1:{LOOP_PORT}/{NAME}/predict", json={"instances": instances}, timeout=30))
+        .status_code == 200 and r), 120)
+    assert answered.headers["x-rayline-version"] == champion
+    deleted = rayline("serve", "delete", NAME, "-w", str(ws.root))
+    assert deleted.returncode == 0 and "its retrain loop is stopped" in deleted.stdout, deleted.stdout + deleted.stderr
     assert _status() == {}

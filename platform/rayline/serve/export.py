@@ -162,6 +162,7 @@ def build_router_app(args: dict[str, Any]):
     write_routing_table(name, table)  # as `rayline serve deploy` writes it: a new rollout drops an old gate decision
     if args.get("workspace") or args.get("tracking_uri"):
         _record_champion(name, champion, str(args["route"]), args)
+        _start_retrain_loop(name, champion, args)
     return build_router(name, workspace=args.get("workspace"), tracking_uri=args.get("tracking_uri"),
                         framework=args.get("framework"), settings=settings)
 
@@ -200,6 +201,25 @@ def _builder_settings(builder: str, args: dict, *, required: tuple, extra: tuple
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ServeError(f"{builder} args: {problems}") from None
+
+
+def _start_retrain_loop(name: str, champion: str, args: dict) -> None:
+    """The champion's retrain loop, when the spec it was trained with has a `retrain` section, as
+    `rayline serve deploy NAME --version N` starts it. Why here: a config is what a cluster applies
+    again when it comes back (KubeRay's RayService after the head restarts, `serve deploy` on a new
+    head), and the loop, a detached actor, was lost with the old head; it picks up from its record
+    (a tag of the registered model). A running loop is found and handed the same spec. The loop is
+    the endpoint's helper: a loop that cannot start is logged on the cluster, never a failed build."""
+    import logging
+
+    from rayline.retrain.loop import start_for_version
+    from rayline.serve.deployment_options import workspace_arg
+    from rayline.workspace import workspace as make_workspace
+
+    ws = make_workspace(workspace_arg(args.get("workspace")), args.get("tracking_uri"))
+    line = start_for_version(name, champion, ws)
+    if line:
+        logging.getLogger("rayline.retrain").warning("rayline: %s", line)
 
 
 def _record_champion(name: str, champion: str, route: str, args: dict) -> None:
