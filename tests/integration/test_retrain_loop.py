@@ -287,7 +287,7 @@ def test_a_schedule_retrains_on_its_clock_with_no_drift_and_no_new_data(loop_run
     better by `min_delta` and stays registered, not deployed. The next tick is a schedule again."""
     from rayline.registry import RETRAIN_TAG, Registry
     from rayline.retrain.loop import start_loop, stop_loop
-    from rayline.serve.export import version_spec
+    from rayline.inference.predictor import version_spec
     from rayline.spec import parse_spec
 
     registry = Registry(ws)

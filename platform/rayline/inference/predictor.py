@@ -27,7 +27,7 @@ import yaml
 from rayline.data.preprocess import FittedPreprocessing
 from rayline.errors import DataError, PredictionError
 
-__all__ = ["Predictor", "artifact_root", "WEIGHTS_DIR", "META_FILE", "PREPROCESSING_FILE",
+__all__ = ["Predictor", "artifact_root", "version_spec", "WEIGHTS_DIR", "META_FILE", "PREPROCESSING_FILE",
            "PYFUNC_ARTIFACT"]
 
 WEIGHTS_DIR = "weights"
@@ -37,6 +37,15 @@ SPEC_FILE = "spec.yaml"
 # A registered version is an MLflow pyfunc model (rayline/registry/pyfunc.py): its MLmodel names these
 # files as the pyfunc artifact `rayline`, which MLflow copies under `artifacts/`.
 PYFUNC_ARTIFACT = "rayline"
+
+
+def version_spec(registry, mv):
+    """The PipelineSpec a registered version was trained with (its artifact's spec.yaml)."""
+    from rayline.spec import PipelineSpec
+
+    root = artifact_root(registry.download(mv))
+    with open(os.path.join(root, SPEC_FILE)) as fh:
+        return PipelineSpec.model_validate(yaml.safe_load(fh))
 
 
 def artifact_root(path: str) -> str:

@@ -432,7 +432,7 @@ def start_for_version(name: str, version: str, ws) -> Optional[str]:
     trained with, when that spec has a retrain section (a line for the user), else None. A running
     loop is handed that spec, as a second `rayline run` hands it its own."""
     from rayline.registry import Registry
-    from rayline.serve.export import version_spec
+    from rayline.inference.predictor import version_spec
 
     registry = Registry(ws)
     try:

@@ -25,23 +25,11 @@ from typing import Any, Optional
 
 from rayline.errors import ServeError
 
-__all__ = ["export_config", "version_spec", "config_for", "write_config", "build_router_app", "build_oip_router_app",
+__all__ = ["export_config", "config_for", "write_config", "build_router_app", "build_oip_router_app",
            "ROUTER_IMPORT_PATH", "OIP_ROUTER_IMPORT_PATH"]
 
 ROUTER_IMPORT_PATH = "rayline.serve.export:build_router_app"
 OIP_ROUTER_IMPORT_PATH = "rayline.serve.export:build_oip_router_app"
-
-
-def version_spec(registry, mv):
-    """The PipelineSpec the version was trained with (its artifact's spec.yaml)."""
-    import yaml
-
-    from rayline.inference.predictor import SPEC_FILE, artifact_root
-    from rayline.spec import PipelineSpec
-
-    root = artifact_root(registry.download(mv))
-    with open(os.path.join(root, SPEC_FILE)) as fh:
-        return PipelineSpec.model_validate(yaml.safe_load(fh))
 
 
 def export_config(ws, name: str, version: Optional[str] = None, *, cluster_workspace: Optional[str] = None,
@@ -60,6 +48,8 @@ def export_config(ws, name: str, version: Optional[str] = None, *, cluster_works
         if version is None:
             notes.append(f"model {name} has no champion alias: exporting its newest version")
     mv = registry.resolve(name, None if version in (None, "latest") else str(version))
+    from rayline.inference.predictor import version_spec
+
     spec = version_spec(registry, mv)
     tracking_uri = ws.tracking_uri_override
     if tracking_uri and redact_uri(tracking_uri) != tracking_uri:
