@@ -53,24 +53,23 @@ def main(runs: int = 8, torch_sides: bool = False) -> None:
         ray.train.report({"x": float(total)})
 
     controller_cpu: dict[str, list[float]] = {"ray default": [], "rayline": []}
-
     controller_torch: dict[str, list[bool]] = {"ray default": [], "rayline": []}
 
-    def controllers() -> set:
-        return {p.pid for p in psutil.process_iter(["cmdline"]) if "TrainController" in " ".join(p.info["cmdline"] or [])}
+    def controllers() -> list:
+        return [p for p in psutil.process_iter(["cmdline"]) if "TrainController" in " ".join(p.info["cmdline"] or [])]
 
     def watch_controller(side: str, stop, earlier: set) -> None:
         """This run's TrainController: its CPU-seconds, last read before the run ended, and whether
         it loaded libtorch (an earlier run's controller may still be exiting: not counted)."""
         seen, torch_in = {}, {}
         while not stop.is_set():
-            for proc in psutil.process_iter(["cmdline"]):
-                if proc.pid not in earlier and "TrainController" in " ".join(proc.info["cmdline"] or []):
+            for proc in controllers():
+                if proc.pid not in earlier:
                     try:
                         times = proc.cpu_times()
                         seen[proc.pid] = times.user + times.system
                         torch_in[proc.pid] = "libtorch" in open(f"/proc/{proc.pid}/maps").read()
-                    except psutil.Error:
+                    except (psutil.Error, OSError):  # it exited between the listing and the read
                         pass
             stop.wait(0.2)
         controller_cpu[side].append(sum(seen.values()))
@@ -97,7 +96,7 @@ def main(runs: int = 8, torch_sides: bool = False) -> None:
         trainer = without_dataset_manager(trainer) if side == "rayline" or torch_sides else trainer
         time.sleep(3)  # the previous run's processes gone
         stop = threading.Event()
-        watcher = threading.Thread(target=watch_controller, args=(side, stop, controllers()), daemon=True)
+        watcher = threading.Thread(target=watch_controller, args=(side, stop, {p.pid for p in controllers()}), daemon=True)
         watcher.start()
         cpu, started = busy(), time.monotonic()
         trainer.fit()

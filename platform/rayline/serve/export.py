@@ -38,6 +38,7 @@ def export_config(ws, name: str, version: Optional[str] = None, *, cluster_works
     `cluster_workspace`: the workspace path as the cluster's nodes see it (default: this
     workspace's absolute path, right for a head on this machine or a shared filesystem mounted
     at the same path)."""
+    from rayline.inference.predictor import version_spec
     from rayline.redact import redact_uri
     from rayline.registry import Registry
 
@@ -48,8 +49,6 @@ def export_config(ws, name: str, version: Optional[str] = None, *, cluster_works
         if version is None:
             notes.append(f"model {name} has no champion alias: exporting its newest version")
     mv = registry.resolve(name, None if version in (None, "latest") else str(version))
-    from rayline.inference.predictor import version_spec
-
     spec = version_spec(registry, mv)
     tracking_uri = ws.tracking_uri_override
     if tracking_uri and redact_uri(tracking_uri) != tracking_uri:
@@ -203,13 +202,18 @@ def _start_retrain_loop(name: str, champion: str, args: dict) -> None:
     import logging
 
     from rayline.retrain.loop import start_for_version
+
+    line = start_for_version(name, champion, _config_workspace(args))
+    if line:
+        logging.getLogger("rayline.retrain").warning("rayline: %s", line)
+
+
+def _config_workspace(args: dict):
+    """The workspace a config's builder args name (`workspace`, `tracking_uri`)."""
     from rayline.serve.deployment_options import workspace_arg
     from rayline.workspace import workspace as make_workspace
 
-    ws = make_workspace(workspace_arg(args.get("workspace")), args.get("tracking_uri"))
-    line = start_for_version(name, champion, ws)
-    if line:
-        logging.getLogger("rayline.retrain").warning("rayline: %s", line)
+    return make_workspace(workspace_arg(args.get("workspace")), args.get("tracking_uri"))
 
 
 def _record_champion(name: str, champion: str, route: str, args: dict) -> None:
@@ -217,11 +221,9 @@ def _record_champion(name: str, champion: str, route: str, args: dict) -> None:
     history that `rayline serve rollback` walks back), no canary, and the deployment on the
     version's record (`rayline models show`)."""
     from rayline.registry import Registry
-    from rayline.serve.deployment_options import workspace_arg
     from rayline.serve.champions import champion_history, record_deployment, set_champion
-    from rayline.workspace import workspace as make_workspace
 
-    registry = Registry(make_workspace(workspace_arg(args.get("workspace")), args.get("tracking_uri")))
+    registry = Registry(_config_workspace(args))
     registry.resolve(name, champion)  # an unknown version fails the build, naming it
     old = registry.alias_version(name, "champion")
     if old != champion:
