@@ -9,6 +9,7 @@ from .. import loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = int(os.environ.get("RAYLINE_TEST_PORT", "8765"))
+SESSION_INGRESS: dict = {}  # the session Ray's Serve ingress settings (rayline.cluster.env.serve_env), once it started
 
 
 # A test run started in the background of a non-interactive shell (`pytest &`, nohup) inherits
@@ -89,6 +90,7 @@ def fresh_ray():
     # a trial early, and the fault test's worker lookup) needs it.
     os.environ.update(train_env(single_machine=True))  # as `rayline run` does: faster report polls, no preemption watcher
     ingress_env = serve_env()
+    SESSION_INGRESS.update(ingress_env)  # for tests that read this Ray's HAProxy stats (test_serving.py)
     os.environ.update(ingress_env)  # and the same Serve ingress (HAProxy unless RAYLINE_SERVE_INGRESS=proxy)
     # API keys for serve.auth.api_keys_env (test_serve_access.py): set before ray.init, the way a
     # user sets them before `rayline run`, so replicas inherit them and no runtime_env holds them.

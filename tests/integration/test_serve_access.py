@@ -46,9 +46,10 @@ def _deploy(digits, ws, app, auth):
     from rayline.serve.address import ServeAddress, wait_routed
 
     assert wait_routed(ServeAddress("127.0.0.1", PORT, existing=True), [f"/{app}"], "127.0.0.1")
-    # And until the route itself answers: the ingress's /-/routes has listed a prefix while a request
-    # to it still got the ingress's 404 (CI's box, 2026-12-06: the module's first request, then every
-    # count after it one off). /health needs no key; its answer is counted as the app counts it.
+    # wait_routed also waits for HAProxy's reload that routes the prefix to the replica (rayline/serve/
+    # address.py: wait_ingress_direct): before it, this module's requests got the ingress's 404 twice on
+    # CI's box (2026-12-06), every count after it then one off. Then until the route itself answers:
+    # /health needs no key; its answer is counted as the app counts it.
     url = f"http://127.0.0.1:{PORT}/{app}"
     deadline = time.monotonic() + 120  # a guard against a hang, not a bound on a slow box
     while (r := loopback.get(f"{url}/health", timeout=60)).status_code == 404 and time.monotonic() < deadline:

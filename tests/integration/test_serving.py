@@ -16,6 +16,8 @@ with `debug_infer_delay_s`, a test-only build_app argument that makes the model 
 than by the machine's luck.
 """
 
+import csv
+import io
 import json
 import threading
 import time
@@ -26,7 +28,7 @@ import numpy as np
 import pytest
 
 from .. import loopback
-from .conftest import PORT, deploy_registered, serve_digits, wait_for_200
+from .conftest import PORT, SESSION_INGRESS, deploy_registered, serve_digits, wait_for_200
 
 # Queries the session's served digits endpoint, kept up from module to module (conftest.DIGITS_ENDPOINT).
 pytestmark = pytest.mark.digits_endpoint
@@ -102,6 +104,43 @@ def test_interleaved_requests_each_get_their_own_rows(endpoint, rows, predictor)
         for g, w in zip(got["probabilities"], want["probabilities"]):
             assert g.keys() == w.keys()
             assert np.allclose([g[k] for k in g], [w[k] for k in g], rtol=1e-4, atol=1e-6)
+
+
+def test_once_wait_routed_returns_the_ingress_sends_the_route_to_its_replica(ray_session):
+    """rayline's deploy waits (rayline.serve.address.wait_routed) until HAProxy routes a new prefix
+    straight to a running replica. Before, it returned once the ingress listed the prefix, which it
+    does from the app's creation, sending requests to Serve's fallback proxy: that answers 404
+    until the replica runs, and during the reload that swaps it for the replica, a request could
+    still land there (CI, 2026-12-06: a 404 after the route had answered three requests). Here a
+    replica that takes 3 s to start, deployed without waiting: every request after the wait is 200."""
+    from ray import serve
+
+    from rayline.serve.address import ServeAddress, wait_routed
+    from rayline.serve.applications import delete_apps, ensure_serve
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    class SlowStart:
+        def __init__(self):
+            time.sleep(3)
+
+        def __call__(self, request):
+            return "ok"
+
+    address = ensure_serve("127.0.0.1", PORT)
+    serve._run(SlowStart.bind(), name="slow-start", route_prefix="/slow-start", _blocking=False)
+    try:
+        assert wait_routed(address, ["/slow-start"], "127.0.0.1", timeout_s=120)
+        if "RAY_SERVE_HAPROXY_STATS_PORT" in SESSION_INGRESS:  # HAProxy (RAYLINE_SERVE_INGRESS=proxy: Ray's proxy)
+            # The running HAProxy's own table (its stats page): the route's backend holds the replica, UP.
+            stats = loopback.get(f"http://127.0.0.1:{SESSION_INGRESS['RAY_SERVE_HAPROXY_STATS_PORT']}/stats;csv", timeout=30)
+            rows = list(csv.DictReader(io.StringIO(stats.text.lstrip("# "))))
+            servers = {r["svname"]: r["status"] for r in rows if r["pxname"] == "http-slow-start"}
+            assert any(name.startswith("SERVE_REPLICA_slow-start") and status.startswith("UP")
+                       for name, status in servers.items()), servers
+        codes = [loopback.get(f"{BASE}/slow-start", timeout=30).status_code for _ in range(30)]  # a new connection each
+        assert codes == [200] * 30, codes
+    finally:
+        delete_apps(["slow-start"])
 
 
 def test_batcher_merges_splits_and_isolates_model_errors(ray_session):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rayline.errors import ServeError
 
-__all__ = ["ServeAddress", "serve_address", "check_port_free", "wait_routed"]
+__all__ = ["ServeAddress", "serve_address", "check_port_free", "wait_routed", "wait_ingress_direct"]
 
 _WILDCARD = ("0.0.0.0", "::", "")
 _warned: set = set()  # (running, requested) pairs warned about: once a process, not at each check
@@ -100,6 +100,8 @@ def wait_routed(address: ServeAddress, routes, requested_host: str, timeout_s: f
     and a request in between got HAProxy's own 404 "Path ... not found" (seen on the 2-core box at
     load average 14: the first request of a freshly deployed app). The ingress's route list is
     rendered from the same configuration as its routing, so once it lists a prefix, it routes it.
+    First, wherever the ingress is HAProxy, until it routes the prefixes to their replicas rather
+    than to Serve's fallback proxy (wait_ingress_direct: the reload in between once answered 404).
 
     Best effort, never a failure of a deploy that Serve finished: no wait where no proxy of the
     cluster runs on this machine (`here`: computed when None), or where nothing answers there
@@ -107,6 +109,7 @@ def wait_routed(address: ServeAddress, routes, requested_host: str, timeout_s: f
     still missing after `timeout_s`. True once every route is listed."""
     import httpx
 
+    wait_ingress_direct(routes, timeout_s)
     if not (_serve_runs_here() if here is None else here):
         return False
     url = address.url("/-/routes", requested_host)
@@ -137,3 +140,65 @@ def wait_routed(address: ServeAddress, routes, requested_host: str, timeout_s: f
                     timeout_s, ", ".join(sorted(listed)) or "none")
                 return False
             time.sleep(0.2)
+
+
+def wait_ingress_direct(routes, timeout_s: float = 60.0) -> bool:
+    """Until every HAProxy ingress of the cluster has applied a configuration that routes each prefix
+    of `routes` straight to a running replica, not through Serve's fallback proxy.
+
+    Why: `serve.run` (and RUNNING) returns once the ingress answers with the configuration it has
+    (Ray's readiness check, HAProxyManager.serving, counts the fallback proxy as a ready server), and
+    for a new application that is the one sending its prefix to Serve's Python fallback proxy; the
+    controller's next broadcast, with the app's replicas, makes HAProxy reload once more (a new
+    process takes over from the old one). On the 2-core CI box `serve.run` returned 0.07 s before
+    that broadcast and 0.7 s before its reload finished, and a request in between got HAProxy's 404
+    "Path ... not found" right after the route had answered three (2026-12-06, twice:
+    tests/integration/test_serve_access.py). This waits until each HAProxy manager holds the route's
+    replicas as targets with no update pending or reloading (asked in the manager itself, Ray's
+    `__ray_call__`: Serve has no public call for it).
+
+    Best effort: True when every HAProxy ingress routes them directly or none runs (Ray's Python
+    proxy routes from its route table, no reload); False after `timeout_s`, or where Serve's
+    proxies cannot be asked (another Ray's internals), and the deploy goes on as before."""
+    import ray
+
+    wanted = sorted(set(routes))
+    if not wanted or not ray.is_initialized():
+        return True
+    try:
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client(raise_if_no_controller_running=False)
+        if client is None:
+            return True
+        proxies = ray.get(client._controller.get_proxies.remote(), timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - never fail a deploy Serve finished
+        return False
+    deadline = time.monotonic() + timeout_s
+    applied = _applied_in_manager(wanted)
+    for handle in proxies.values():
+        if not hasattr(handle, "get_target_groups"):  # Ray's Python proxy: no reload to wait for
+            continue
+        try:
+            while not ray.get(handle.__ray_call__.remote(applied), timeout=max(deadline - time.monotonic(), 1)):
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.1)
+        except Exception:  # noqa: BLE001 - a proxy that died or timed out (Serve replaces it), or another Ray
+            return False
+    return True
+
+
+def _applied_in_manager(routes: list):
+    """A check run inside Serve's HAProxyManager actor: its targets route every one of `routes` to
+    replicas, and no update waits or reloads. A closure, so cloudpickle ships it by value: a
+    cluster's Ray image need not hold rayline."""
+
+    def applied(manager) -> bool:
+        groups = getattr(manager, "_target_groups", None) or ()
+        direct = {g.route_prefix for g in groups if g.targets and str(getattr(g.protocol, "value", g.protocol)) == "HTTP"}
+        task = manager._coalesce_task
+        busy = manager._update_pending or (task is not None and not task.done()) or manager._reload_lock.locked()
+        return set(routes) <= direct and not busy
+
+    return applied
