@@ -41,6 +41,10 @@ class BackendInfo:
     # threads (rayline/train/in_process.py): about what trains in the time Ray Train's controller and
     # worker group cost to start and stop. None: the default there, a small MLP's rows x epochs.
     one_process_max_work: int | None = None
+    # The library a `rayline run` driver imports on a thread of its own while Ray connects and the data
+    # stage runs (rayline/train/preload.py), "" for none: only where measured to pay (its import is most
+    # of a run's training start and the driver trains it or loads it to register it anyway).
+    preload: str = ""
 
 
 _MLP_PARAMS = frozenset({"hidden_sizes", "dropout"})
@@ -98,6 +102,11 @@ BACKENDS: dict[str, BackendInfo] = {
         # 1-thread workers, their worker group 9.6-9.9 s to start and stop (2-core box, 2026-12-03,
         # benchmarks/overhead.py --only xgboost). 40M rows x rounds boost in about that time.
         one_process_max_work=40_000_000,
+        # import xgboost (sklearn, scipy, pandas with it): 1.6 s of the 1M-row job's 3.2-s train stage against a
+        # running head; in the background 0.5 s were left, the job 8.96 -> 7.7 s (2-core box, 2026-12-06,
+        # benchmarks/overhead.py --only xgboost --repeats 5). torch's did not pay there: its import took the CPU of
+        # the Ray start it overlapped (3,000-row job 8.2 -> 9.2 s against a head, 14.3 -> 14.3 s embedded).
+        preload="xgboost",
     ),
 }
 

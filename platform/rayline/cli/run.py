@@ -84,8 +84,10 @@ def run(
     # asks again: it is the library's entry too).
     ws = open_workspace(workspace).ensure()
     from rayline.cluster.connection import connect
+    from rayline.train.preload import preload_framework
 
     startup, connecting = _started_s(), time.monotonic()
+    preload_framework(spec.model.framework)  # its import while Ray connects and the data stage runs
     with console.status("connecting to Ray..."):
         conn = connect(ws, address, verbose=verbose, ingress=ingress)
     startup["ray_start"] = time.monotonic() - connecting
@@ -124,8 +126,10 @@ def resume(
     record = find_run(ws, run_id, force)  # unknown, finished or still driven: one line, before Ray starts
     spec = parse_spec(record["spec_raw"], source=f"run {run_id}")
     from rayline.cluster.connection import connect
+    from rayline.train.preload import preload_framework
 
     startup, connecting = _started_s(), time.monotonic()
+    preload_framework(spec.model.framework)
     with console.status("connecting to Ray..."):
         conn = connect(ws, address, verbose=verbose, ingress=ingress)
     startup["ray_start"] = time.monotonic() - connecting
