@@ -115,10 +115,17 @@ def fresh_ray():
     # and the heads later tests start must not take this Ray's dashboard for theirs.
     os.environ.pop("RAY_API_SERVER_ADDRESS", None)
     yield ray
+    import shutil
+
     from ray import serve
 
+    from rayline.cluster.connection import _embedded_ray_processes, forkserver_dirs
+
+    left_behind = forkserver_dirs(_embedded_ray_processes())  # as rayline's own shutdown removes them
     serve.shutdown()
     ray.shutdown()
+    for path in left_behind:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,8 @@ The race is made certain, not waited for: in a subprocess, the check for a free 
 that a listening socket holds (as if another run bound 8265 between the check and the bind); the rest
 is real: Ray starts, its dashboard fails to bind, rayline starts Ray again, and a task runs on it.
 Then a start whose raylet registers too late for Ray's fixed 30 s (a loaded machine; the failure is
-raised after a real start) is started again once.
+raised after a real start) is started again once, and stopped as `rayline run` stops it, leaving no temp
+dir of its dashboard's forkserver.
 """
 
 import os
@@ -56,7 +57,10 @@ ray.init = slow_node
 connection._start_embedded(1, False)
 print("starts", len(starts))
 print("task2", ray.get(ray.remote(lambda: 40 + 3).remote()))
-ray.shutdown()
+# Stopped as `rayline run` stops its own Ray: the dashboard's forkserver dir goes with it.
+dirs = connection.forkserver_dirs(connection._embedded_ray_processes())
+connection.Connection(address=None, embedded=True, owned=True).shutdown()
+print("forkserver_dirs", len(dirs), "left", sum(os.path.exists(d) for d in dirs))
 """
 
 
@@ -73,3 +77,5 @@ def test_an_embedded_start_whose_dashboard_port_was_taken_or_whose_node_timed_ou
     # The node that timed out: started again, once, and it runs tasks.
     assert lines["starts"] == "2" and lines["task2"] == "43", done.stdout
     assert "Ray did not start (The current node timed out during startup" in done.stderr, done.stderr
+    # Its shutdown removed the temp dir (/tmp/pymp-*) of the dashboard's forkserver, which Ray's kill leaves.
+    assert lines["forkserver_dirs"] == "1 left 0", done.stdout

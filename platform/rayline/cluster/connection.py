@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from rayline.workspace import Workspace
 log = logging.getLogger(__name__)
 
 __all__ = ["Connection", "read_head_record", "recorded_head", "match_cluster_auth", "cluster_address", "connect",
-           "pin_state_api", "token_auth_on"]
+           "pin_state_api", "token_auth_on", "forkserver_dirs"]
 
 _TOKEN = Path.home() / ".ray" / "auth_token"
 
@@ -41,6 +43,7 @@ class Connection:
         # Our own Ray: its endpoints go with it. Serve first: each replica finishes its in-flight
         # requests (serve.drain_timeout_s) before it stops.
         processes = _embedded_ray_processes()
+        leftover_dirs = forkserver_dirs(processes)
         if _serve_started():
             try:
                 from ray import serve
@@ -50,6 +53,31 @@ class Connection:
                 pass  # its controller is gone already
         ray.shutdown()
         _reap(processes)
+        for path in leftover_dirs:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def forkserver_dirs(processes: list) -> list[str]:
+    """The temp dirs (`/tmp/pymp-*`) of the multiprocessing forkservers among `processes`.
+
+    Ray's dashboard starts its ten modules through a forkserver, which listens on a socket in a temp
+    dir of its own and removes it only on a clean exit; Ray's shutdown kills it, so every embedded
+    Ray with a dashboard left one dir behind (455 of them in this box's /tmp after a day of runs).
+    Found by the forkserver's listening socket, while it runs."""
+    import psutil
+
+    found = set()
+    for process in processes:
+        try:
+            if "multiprocessing.forkserver" not in " ".join(process.cmdline()):
+                continue
+            for socket in process.net_connections(kind="unix"):
+                folder = os.path.dirname(socket.laddr) if isinstance(socket.laddr, str) else ""
+                if os.path.basename(folder).startswith("pymp-") and os.path.dirname(folder) == tempfile.gettempdir():
+                    found.add(folder)
+        except psutil.Error:
+            continue
+    return sorted(found)
 
 
 def _serve_started() -> bool:
