@@ -107,40 +107,66 @@ def test_interleaved_requests_each_get_their_own_rows(endpoint, rows, predictor)
 
 
 def test_once_wait_routed_returns_the_ingress_sends_the_route_to_its_replica(ray_session):
-    """rayline's deploy waits (rayline.serve.address.wait_routed) until HAProxy routes a new prefix
-    straight to a running replica. Before, it returned once the ingress listed the prefix, which it
-    does from the app's creation, sending requests to Serve's fallback proxy: that answers 404
-    until the replica runs, and during the reload that swaps it for the replica, a request could
-    still land there (CI, 2026-12-06: a 404 after the route had answered three requests). Here a
-    replica that takes 3 s to start, deployed without waiting: every request after the wait is 200."""
+    """rayline's deploy waits (rayline.serve.address.wait_routed) until HAProxy has applied the update
+    that routes a new prefix straight to its replica. Before, it returned once the ingress listed the
+    prefix, which it does while the prefix still goes to Serve's fallback proxy, and `serve.run`
+    returns then too: on CI's box a request in the reload that followed got a 404 (2026-12-06,
+    twice, test_serve_access.py). That window is made certain here, not waited for: the session's
+    HAProxy manager is told an update is pending (its own flag) and the flag is cleared 4 s later,
+    as its update task clears it; the wait must last until then. Then HAProxy's own table (its stats
+    page) holds the replica, UP, and 30 requests on new connections are all 200."""
     from ray import serve
 
-    from rayline.serve.address import ServeAddress, wait_routed
+    from ray.serve.context import _get_global_client
+
+    from rayline.serve.address import wait_ingress_direct, wait_routed
     from rayline.serve.applications import delete_apps, ensure_serve
 
     @serve.deployment(ray_actor_options={"num_cpus": 0})
-    class SlowStart:
-        def __init__(self):
-            time.sleep(3)
-
+    class Ok:
         def __call__(self, request):
             return "ok"
 
     address = ensure_serve("127.0.0.1", PORT)
-    serve._run(SlowStart.bind(), name="slow-start", route_prefix="/slow-start", _blocking=False)
+    serve.run(Ok.bind(), name="ingress-wait", route_prefix="/ingress-wait")
+    proxies = ray_session.get(_get_global_client()._controller.get_proxies.remote())
+    managers = [h for h in proxies.values() if hasattr(h, "get_target_groups")]  # HAProxy's (none with Ray's proxy)
+
+    def pending(value):
+        for manager in managers:
+            ray_session.get(manager.__ray_call__.remote(lambda m: setattr(m, "_update_pending", value)))
+
     try:
-        assert wait_routed(address, ["/slow-start"], "127.0.0.1", timeout_s=120)
-        if "RAY_SERVE_HAPROXY_STATS_PORT" in SESSION_INGRESS:  # HAProxy (RAYLINE_SERVE_INGRESS=proxy: Ray's proxy)
-            # The running HAProxy's own table (its stats page): the route's backend holds the replica, UP.
+        # Settled first (the broadcasts of the app's start applied), so that no real update clears the flag.
+        assert wait_ingress_direct(["/ingress-wait"], timeout_s=120)
+        pending(True)
+        started = time.monotonic()
+
+        def hold_then_clear():
+            # Kept set for 4 s (a real update elsewhere, an autoscaling one, would clear it), then cleared.
+            while time.monotonic() - started < 4.0:
+                pending(True)
+                time.sleep(0.02)
+            pending(False)
+
+        clear = threading.Thread(target=hold_then_clear, daemon=True)
+        clear.start()
+        assert wait_routed(address, ["/ingress-wait"], "127.0.0.1", timeout_s=120)
+        waited = time.monotonic() - started
+        clear.join()
+        if managers:
+            assert waited >= 3.9, f"wait_routed returned {waited:.2f} s into an update HAProxy had pending"
+        if "RAY_SERVE_HAPROXY_STATS_PORT" in SESSION_INGRESS:
             stats = loopback.get(f"http://127.0.0.1:{SESSION_INGRESS['RAY_SERVE_HAPROXY_STATS_PORT']}/stats;csv", timeout=30)
             rows = list(csv.DictReader(io.StringIO(stats.text.lstrip("# "))))
-            servers = {r["svname"]: r["status"] for r in rows if r["pxname"] == "http-slow-start"}
-            assert any(name.startswith("SERVE_REPLICA_slow-start") and status.startswith("UP")
+            servers = {r["svname"]: r["status"] for r in rows if r["pxname"] == "http-ingress-wait"}
+            assert any(name.startswith("SERVE_REPLICA_ingress-wait") and status.startswith("UP")
                        for name, status in servers.items()), servers
-        codes = [loopback.get(f"{BASE}/slow-start", timeout=30).status_code for _ in range(30)]  # a new connection each
+        codes = [loopback.get(f"{BASE}/ingress-wait", timeout=30).status_code for _ in range(30)]  # a new connection each
         assert codes == [200] * 30, codes
     finally:
-        delete_apps(["slow-start"])
+        pending(False)
+        delete_apps(["ingress-wait"])
 
 
 def test_batcher_merges_splits_and_isolates_model_errors(ray_session):

@@ -101,7 +101,7 @@ def wait_routed(address: ServeAddress, routes, requested_host: str, timeout_s: f
     load average 14: the first request of a freshly deployed app). The ingress's route list is
     rendered from the same configuration as its routing, so once it lists a prefix, it routes it.
     First, wherever the ingress is HAProxy, until it routes the prefixes to their replicas rather
-    than to Serve's fallback proxy (wait_ingress_direct: the reload in between once answered 404).
+    than to Serve's fallback proxy (wait_ingress_direct: a request during that reload once got a 404).
 
     Best effort, never a failure of a deploy that Serve finished: no wait where no proxy of the
     cluster runs on this machine (`here`: computed when None), or where nothing answers there
@@ -151,9 +151,9 @@ def wait_ingress_direct(routes, timeout_s: float = 60.0) -> bool:
     for a new application that is the one sending its prefix to Serve's Python fallback proxy; the
     controller's next broadcast, with the app's replicas, makes HAProxy reload once more (a new
     process takes over from the old one). On the 2-core CI box `serve.run` returned 0.07 s before
-    that broadcast and 0.7 s before its reload finished, and a request in between got HAProxy's 404
+    that broadcast and 0.7 s before its reload finished, and a request in between got a 404
     "Path ... not found" right after the route had answered three (2026-12-06, twice:
-    tests/integration/test_serve_access.py). This waits until each HAProxy manager holds the route's
+    tests/integration/test_serve_access.py; which process answered it, the logs do not say). This waits until each HAProxy manager holds the route's
     replicas as targets with no update pending or reloading (asked in the manager itself, Ray's
     `__ray_call__`: Serve has no public call for it).
 
@@ -162,8 +162,7 @@ def wait_ingress_direct(routes, timeout_s: float = 60.0) -> bool:
     proxies cannot be asked (another Ray's internals), and the deploy goes on as before."""
     import ray
 
-    wanted = sorted(set(routes))
-    if not wanted or not ray.is_initialized():
+    if not routes or not ray.is_initialized():
         return True
     try:
         from ray.serve.context import _get_global_client
@@ -172,8 +171,14 @@ def wait_ingress_direct(routes, timeout_s: float = 60.0) -> bool:
         if client is None:
             return True
         proxies = ray.get(client._controller.get_proxies.remote(), timeout=timeout_s)
+        # Only the routes the controller itself sends to replicas now: a route scaled to zero
+        # (serve.replicas.min 0, idle) has none, and its requests go to the fallback proxy by design.
+        expected = ray.get(client._controller.get_target_groups.remote(None, True), timeout=timeout_s)
     except Exception:  # noqa: BLE001 - never fail a deploy Serve finished
         return False
+    wanted = sorted(set(routes) & _direct_routes(expected))
+    if not wanted:
+        return True
     deadline = time.monotonic() + timeout_s
     applied = _applied_in_manager(wanted)
     for handle in proxies.values():
@@ -196,9 +201,15 @@ def _applied_in_manager(routes: list):
 
     def applied(manager) -> bool:
         groups = getattr(manager, "_target_groups", None) or ()
+        # _direct_routes's test, inline: a reference to it would make the actor import rayline.
         direct = {g.route_prefix for g in groups if g.targets and str(getattr(g.protocol, "value", g.protocol)) == "HTTP"}
         task = manager._coalesce_task
         busy = manager._update_pending or (task is not None and not task.done()) or manager._reload_lock.locked()
         return set(routes) <= direct and not busy
 
     return applied
+
+
+def _direct_routes(groups) -> set:
+    """The HTTP route prefixes that Serve's target groups send to replicas (not to a fallback proxy)."""
+    return {g.route_prefix for g in groups or () if g.targets and str(getattr(g.protocol, "value", g.protocol)) == "HTTP"}
