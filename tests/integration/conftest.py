@@ -152,11 +152,15 @@ def free_serve_apps_after_module(request):
         apps = list(serve_status().applications)
     except Exception:
         apps = []  # Serve never started in this session
-    keep = set()
+    from rayline.serve.oip import OIP_APP
+
+    # The shared /v2 application stays: it holds no model and 0.05 CPU, and every deploy starts it
+    # when it is missing (13 starts and deletes of it in one suite run, one per module that deployed).
+    keep = {OIP_APP} & set(apps)
     if request.node.get_closest_marker(DIGITS_ENDPOINT) and str(request.node.fspath) != request.config.stash.get(
             _LAST_ENDPOINT_MODULE, None):
-        keep = _endpoint_apps("digits", apps)
-        apps = [a for a in apps if a not in keep]
+        keep |= _endpoint_apps("digits", apps)
+    apps = [a for a in apps if a not in keep]
     # All at once, waited for up to a minute (rayline's own delete: one blocking delete after another
     # took ~9 s for a module's two or three apps).
     from rayline.serve.applications import delete_apps
@@ -236,7 +240,14 @@ def pipeline_script(name):
     return module
 
 
-def run(spec, ws, **kwargs):
+def run(spec, ws, own_v2: bool = False, **kwargs):
+    """`rayline run`'s pipeline (run_pipeline) in this process, on this session's Ray; the summary with its
+    stage events. `own_v2`: deploy the model's own V2 application (serve.oip, on by default in a spec).
+    Without it, none: its replicas load the model like the route's (a replica start, a model load and an
+    ingress reload more per run) and /v2 still answers through the shared rayline-v2 application. The
+    default is deployed and queried where it is the subject: test_oip, test_export, test_images,
+    test_serving, and the own-process runs of test_cluster (the quick start; `serve deploy` of an exported
+    config)."""
     from rayline.pipeline.run import run_pipeline
 
     # The session's tests share one workspace: with its data cache on, a test's data stage could be
@@ -244,6 +255,8 @@ def run(spec, ws, **kwargs):
     # would not see the stage it is about. Each computes its own; the cache's tests turn it on.
     kwargs.setdefault("data_cache", False)
     kwargs.setdefault("port", PORT)
+    if spec.serve is not None and not own_v2:
+        spec = spec.model_copy(update={"serve": spec.serve.model_copy(update={"oip": False})})
     events = []
     summary = run_pipeline(spec, ws, on_stage=lambda *e: events.append(e), **kwargs)
     summary.events = events
@@ -355,10 +368,10 @@ def ensure_served(summary, ws, **settings):
 
 
 # pipelines/digits-torch.yaml's serve section: every module that queries the digits endpoint asks for
-# the same, so that one deployment serves them all (DIGITS_ENDPOINT). No V2 application of the model's
-# own (the spec's default, which the `digits` fixture's run deploys, so the first module deploys it
-# anew; test_oip asks for one): its replica would hold a quarter of a CPU more while those modules
-# train (test_pyfunc) and score on the session Ray (test_batch_scoring).
+# the same, so that one deployment serves them all (DIGITS_ENDPOINT): the one the `digits` fixture's run
+# deployed (run() leaves out the model's own V2 application), so the first module finds it up. No V2
+# application of the model's own (test_oip asks for one): its replica would hold a quarter of a CPU
+# more while those modules train (test_pyfunc) and score on the session Ray (test_batch_scoring).
 DIGITS_SERVE = {"replicas": {"min": 1, "max": 2, "target_ongoing_requests": 2}, "oip": False}
 
 

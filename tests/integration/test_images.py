@@ -37,7 +37,7 @@ def images_run(ray_session, ws, folder):
     path = ROOT / "pipelines" / "digits-images-cnn.yaml"
     spec = apply_overrides(load_spec(path), {"data.source.path": str(folder), "train.workers": 1,
                                              **{f"serve.{key}": value for key, value in SERVE.items()}})
-    return run(spec, ws, spec_path=str(path))
+    return run(spec, ws, own_v2=True, spec_path=str(path))
 
 
 # How the run deploys its endpoint, and what the module's tests ask of it: the same, so no redeploy.
