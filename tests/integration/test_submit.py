@@ -37,7 +37,7 @@ model:
   kind: gbdt
   params: {max_depth: 3, eta: 0.3, num_boost_round: 5}
 train: {workers: 1, metric: accuracy}
-serve: {route: /iris-submit, replicas: {min: 1, max: 1}}
+serve: {route: /iris-submit, replicas: {min: 1, max: 1}, oip: false}
 """
 
 
