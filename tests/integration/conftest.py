@@ -64,7 +64,12 @@ def pytest_collection_modifyitems(config, items):
             and not item.get_closest_marker(OWN_RAY) or item.get_closest_marker(SESSION_LANE_MARK)
         item.add_marker(pytest.mark.xdist_group(SESSION_LANE if shares_session else OWN_PROCESSES_LANE))
     # Stable: every other item keeps its place relative to the rest (every xdist worker sorts alike).
-    items.sort(key=lambda item: not (_in_session_lane(item) and item.get_closest_marker(DIGITS_ENDPOINT)))
+    # In the other lane the unit tests go first: one process on one core, beside the session lane's Ray
+    # start and first trainings, where at the end they ran alone beside the session lane's waits (a
+    # sweep's 45-s budget, canary windows): the box was 25-50% idle in the suite's last 4 minutes,
+    # 10% before (vmstat, 2026-12-06, d4e3c8c).
+    items.sort(key=lambda item: (not (_in_session_lane(item) and item.get_closest_marker(DIGITS_ENDPOINT)),
+                                 not _in_session_lane(item) and "integration" in str(item.fspath)))
     endpoint_modules = [str(item.fspath) for item in items if _in_session_lane(item) and item.get_closest_marker(DIGITS_ENDPOINT)]
     config.stash[_LAST_ENDPOINT_MODULE] = endpoint_modules[-1] if endpoint_modules else None
 
