@@ -206,3 +206,19 @@ def test_the_raylets_worker_count_notices_stay_out_of_the_terminal(capsys):
     ray_worker.print_to_stdstream({"lines": [killed], "pid": "raylet", "is_err": False}, ignore_prefix=False)
     out = capsys.readouterr().out
     assert "PYTHON worker processes" not in out and "graceful_shutdown" not in out and killed in out, out
+
+
+def test_quieting_the_drivers_logs_does_not_import_serve_and_quiets_it_once_imported():
+    """A run that does not serve never imports Ray Serve (0.65 s of every run's start when the quieting
+    imported it); one that does gets Serve's driver logger at WARNING, although Serve sets it to INFO
+    as it is imported. A fresh interpreter: this one may have imported Serve already."""
+    import subprocess
+    import sys
+
+    code = ("import logging, sys; from rayline.cluster.env import quiet_driver_logs; quiet_driver_logs(); "
+            "print('ray.serve' in sys.modules); import ray.serve; "
+            "print(logging.getLevelName(logging.getLogger('ray.serve').level)); "
+            "quiet_driver_logs(); print(logging.getLevelName(logging.getLogger('ray.serve').level))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "WARNING", "WARNING"], done.stdout + done.stderr[-2000:]
