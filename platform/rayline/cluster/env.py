@@ -171,11 +171,17 @@ def quiet_driver_logs() -> None:
             handler.setLevel(logging.WARNING)
             handler.addFilter(_drop_no_cpus_warning)
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
-    wrapt.register_post_import_hook(_quiet_serve, "ray.serve")
+    global _SERVE_HOOKED
+    if not _SERVE_HOOKED:  # once per process: wrapt keeps every hook registered, however often
+        wrapt.register_post_import_hook(_quiet_serve, "ray.serve")
+        _SERVE_HOOKED = True
     # "Token authentication is enabled/disabled for this Ray cluster ..." at every start of an embedded
     # Ray: rayline decides token mode itself (cluster.probe) and says what matters in its errors.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     _keep_raylet_notices_in_the_log()
+
+
+_SERVE_HOOKED = False
 
 
 def _quiet_serve(module) -> None:
