@@ -5,14 +5,16 @@ same data, is judged not better by `compare.min_delta` and stays registered, not
 file lands in the source folder; the loop retrains on the change, the challenger beats the
 champion on the new test split, goes out as a gated canary and is promoted under steady load with
 no failed request, although the loop's process is killed while it watches the canary. Then the
-schedule trigger on the same model, and a cluster that comes back empty: its Serve config, applied
-again with Ray's own `serve deploy`, brings the loop back with its record.
+schedule trigger on the same model, retraining a strictly worse challenger that `min_delta: 0` keeps
+out, and a cluster that comes back empty: its Serve config, applied again with Ray's own `serve
+deploy`, brings the loop back with its record.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -283,8 +285,10 @@ def test_drift_then_new_data_retrain_judge_and_promote_a_canary_under_load(loop_
 def test_a_schedule_retrains_on_its_clock_with_no_drift_and_no_new_data(loop_run, ws):
     """`retrain: {on: [schedule], every: ...}` on the same model after the test above (its loop stopped,
     its endpoint deleted): the loop waits for the clock, retrains when it comes (the data and the
-    endpoint unchanged), and judges the challenger like any other: trained on the same data, it is not
-    better by `min_delta` and stays registered, not deployed. The next tick is a schedule again."""
+    endpoint unchanged), and judges the challenger like any other. Here the spec the loop retrains with
+    makes a strictly worse model (one depth-1 tree, where the champion has 20 of depth 3) and asks only
+    for no loss (`min_delta: 0`): the challenger scores below the champion on the same test split and
+    stays registered, not deployed, the comparison recorded. The next tick is a schedule again."""
     from rayline.registry import RETRAIN_TAG, Registry
     from rayline.retrain.loop import start_loop, stop_loop
     from rayline.inference.predictor import version_spec
@@ -294,6 +298,8 @@ def test_a_schedule_retrains_on_its_clock_with_no_drift_and_no_new_data(loop_run
     champion = registry.alias_version(NAME, "champion")
     raw = version_spec(registry, registry.resolve(NAME, champion)).model_dump(by_alias=True, exclude_none=True)
     raw["retrain"].update(on=["schedule"], every="3s", min_interval="1s", check_every="500ms")
+    raw["retrain"]["compare"]["min_delta"] = 0.0  # no worse is enough: only a loss keeps it out
+    raw["model"]["params"] = {"max_depth": 1, "num_boost_round": 1}  # one stump: x1's two thresholds (A, B) need two
     line = start_loop(parse_spec(raw), ws)
     assert line.startswith(f"retrain loop of {NAME}: watching (schedule"), line
     try:
@@ -303,7 +309,13 @@ def test_a_schedule_retrains_on_its_clock_with_no_drift_and_no_new_data(loop_run
         started = _wait_for("a retrain on the schedule", _new_decision("retrain", seen), 60)
         assert started["why"] == "schedule: every 3 s", started
         kept = _wait_for("the scheduled challenger judged", _new_decision("not_deployed", seen))
-        assert "needed >= +0.0500" in kept["why"], kept
+        # "accuracy C vs champion version N X on R rows of the new test split: gain G, needed >= +0.0000"
+        judged = re.fullmatch(r"accuracy ([\d.]+) vs champion version (\d+) ([\d.]+) on (\d+) rows of the new test "
+                              r"split: gain ([-+][\d.]+), needed >= \+0\.0000", kept["why"])
+        assert judged, kept
+        challenger_score, judged_champion, champion_score = float(judged[1]), judged[2], float(judged[3])
+        assert judged_champion == champion and challenger_score < champion_score, kept  # strictly worse
+        assert float(judged[5]) == pytest.approx(challenger_score - champion_score, abs=1e-4) and float(judged[5]) < 0
         mv = registry.version_details(NAME, kept["version"])[0]
         assert json.loads(mv.tags[RETRAIN_TAG])["trigger"] == "schedule", mv.tags
         assert registry.alias_version(NAME, "champion") == champion  # the champion stays
