@@ -19,14 +19,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# Three lanes (pytest-xdist, `-n 3 --dist loadgroup` in pyproject.toml): every test that needs this
+# Two lanes (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml): every test that needs this
 # session's Ray (or its workspace, which tests share with it) runs in one worker, in collection
-# order, with the one Ray of that session; the integration tests that start Rays of their own in
-# subprocesses (heads, multi-node clusters, `rayline run`, submitted jobs) run beside them in a
-# second; the unit tests, and the tests marked SIDE_LANE_MARK, in a third. Measured on the 2-core CI
-# machine: in one process the suite took 34-36 min with a quarter of the CPU idle (Ray's start-ups,
-# polls and health checks); two lanes: 25-27 min then, 29-30 min at 889 tests, 22.5 min at 944 after
-# the one-pass data stage (2026-11-25).
+# order, with the one Ray of that session; the rest (unit tests, and integration tests that start
+# Rays of their own in subprocesses: heads, multi-node clusters, `rayline run`, submitted jobs)
+# run beside them in the other worker. Measured on the 2-core CI machine: in one process the suite
+# took 34-36 min with a quarter of the CPU idle (Ray's start-ups, polls and health checks); two lanes: 25-27 min then, 29-30 min at 889 tests, 22.5 min at 944 after the one-pass data stage (2026-11-25).
 # Tried and measured (2026-11-27, tests/timings.py): a second session lane (one Ray per worker, the
 # digits modules in one, the modules training their own pipelines in the other, the rest one unit
 # per module) was slower on a saturated 2-core box: two Rays training at once on 2 cores.
@@ -35,10 +33,13 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # tests beside them, unit and subprocess modules moved to even the sums out) took 27 min 8 s where two
 # took 24 min 12 s: the CPU was 99% busy throughout (vmstat) and the tests' summed time rose from
 # 2,815 to 4,599 s. On 2 cores the suite is CPU-bound: it gets shorter by doing less work, not by
-# running more of it at once. The third lane kept now holds no second session Ray: the unit tests
-# (one process, no Ray kept up), which the second lane ran first, one after another, while the box
-# was 10-13% idle around the two Ray lanes (vmstat, 2026-12-06), and the side-lane tests below.
-SESSION_LANE, OWN_PROCESSES_LANE, SIDE_LANE = "session-ray", "own-processes", "side"
+# running more of it at once.
+# Tried a third time (2026-12-06, 5db3ef4-2d00c28, reverted): a side lane of the unit tests, then the
+# modules that deploy nothing on a Ray of that lane, and `rayline run` subprocess tests. Idle fell from
+# 10% to 7% and runs took 0.506-0.556x of issue 36's baseline (0.545-0.557x with two lanes), but one
+# of three runs failed: two Rays of two lanes starting at once on the loaded box, a `rayline run`'s
+# embedded start lost its dashboard port, and its one retry timed out (the raylet's fixed 30 s).
+SESSION_LANE, OWN_PROCESSES_LANE = "session-ray", "own-processes"
 
 
 # The served digits endpoint (serve_digits) stays up from one module to the next while a later module of
@@ -54,16 +55,9 @@ DIGITS_ENDPOINT = "digits_endpoint"
 OWN_RAY = "own_ray"
 
 # A test marked SESSION_LANE_MARK runs in the session lane although it needs nothing of its Ray: a test
-# that drives a browser beside a module's test that needs the session's digits run, moved when the
-# other lane's sum is the longer one (tests/timings.py).
+# that waits on a clock of another program (MLflow's 20-s SQLite lock wait) or drives a browser, moved
+# when the other lane's sum is the longer one (tests/timings.py).
 SESSION_LANE_MARK = "session_lane"
-
-# A test or module marked SIDE_LANE_MARK runs in the third lane, after the unit tests: a test that needs
-# no Ray and waits on a clock of another program (MLflow's 20-s SQLite lock wait), or a module of
-# sweeps and trainings that deploys nothing. Its `ray_session` and `ws` are the session fixtures of
-# that lane's own worker process: a Ray and a workspace of that lane, shared by its modules, with no
-# Serve on the suite's port (`python -m pytest -n 0` runs every lane on one Ray, as before).
-SIDE_LANE_MARK = "side_lane"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
@@ -71,10 +65,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
-        item.add_marker(pytest.mark.xdist_group(_lane(item)))
+        shares_session = {"ray_session", "ws"} & set(getattr(item, "fixturenames", ())) \
+            and not item.get_closest_marker(OWN_RAY) or item.get_closest_marker(SESSION_LANE_MARK)
+        item.add_marker(pytest.mark.xdist_group(SESSION_LANE if shares_session else OWN_PROCESSES_LANE))
     # Stable: every other item keeps its place relative to the rest (every xdist worker sorts alike).
-    # In the side lane the unit tests go first, before any of its integration tests has set a Ray's
-    # environment in the process (fresh_ray), beside the session lane's Ray start and first trainings.
+    # In the other lane the unit tests go first: one process on one core, beside the session lane's Ray
+    # start and first trainings, where at the end they ran alone beside the session lane's waits (a
+    # sweep's 45-s budget, canary windows): the box was 25-50% idle in the suite's last 4 minutes,
+    # 10% before (vmstat, 2026-12-06, d4e3c8c).
     items.sort(key=lambda item: (not (_in_session_lane(item) and item.get_closest_marker(DIGITS_ENDPOINT)),
                                  not _in_session_lane(item) and "integration" in str(item.fspath)))
     endpoint_modules = [str(item.fspath) for item in items if _in_session_lane(item) and item.get_closest_marker(DIGITS_ENDPOINT)]
@@ -82,14 +80,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 _LAST_ENDPOINT_MODULE = pytest.StashKey[str]()
-
-
-def _lane(item) -> str:
-    if item.get_closest_marker(SIDE_LANE_MARK) or "integration" not in str(item.fspath):
-        return SIDE_LANE
-    shares_session = {"ray_session", "ws"} & set(getattr(item, "fixturenames", ())) \
-        and not item.get_closest_marker(OWN_RAY) or item.get_closest_marker(SESSION_LANE_MARK)
-    return SESSION_LANE if shares_session else OWN_PROCESSES_LANE
 
 
 def _in_session_lane(item) -> bool:

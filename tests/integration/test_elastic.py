@@ -1,6 +1,6 @@
 """Elastic workers and per-worker resources on real Rays: the session's (2 CPUs, no custom
 resources; its tests run in the session-Ray lane) and the embedded Rays of `rayline run`
-subprocesses (in the side lane, beside the session's Ray: each pins its own state API,
+subprocesses (in the other lane, beside the session's Ray: each pins its own state API,
 rayline.cluster.connection.pin_state_api, so two Rays on one machine do not confuse it).
 
 - `train.workers: {min: 1, max: 2}` trains for real through Ray Train V2's elastic scaling
@@ -18,7 +18,7 @@ import textwrap
 import pytest
 import yaml
 
-from .conftest import SIDE_LANE_MARK, run
+from .conftest import run
 
 _BUILDER = textwrap.dedent('''
     """A tiny torch model that records which worker built it (rank and world size) and the
@@ -63,7 +63,6 @@ def _spec(tmp_path, train: dict, name: str):
     return load_spec(path), str(path)
 
 
-@getattr(pytest.mark, SIDE_LANE_MARK)  # its `rayline run` subprocess starts a Ray of its own
 def test_elastic_min1_max2_trains_with_the_workers_that_fit(tmp_path):
     """A `rayline run` with its own embedded 2-CPU Ray (a subprocess, as a user runs it), not the
     session's: that one runs sweeps, and Ray's autoscaling coordinator keeps their resource requests
@@ -137,7 +136,6 @@ def test_what_the_cluster_lacks_fails_at_plan_time(ray_session, ws, tmp_path, tr
     assert "lacking-iris" not in {m.name for m in Registry(ws).client.search_registered_models()} - before
 
 
-@getattr(pytest.mark, SIDE_LANE_MARK)  # its `rayline run` subprocess starts a Ray of its own
 def test_accelerator_type_and_custom_resource_place_the_workers(tmp_path):
     """A `rayline run` with its own embedded Ray whose node has the logical resources of an A100
     node and one `rayline_slot` (RAY_OVERRIDE_RESOURCES, read by Ray when the node starts): the

@@ -8,24 +8,7 @@ import numpy as np
 import pytest
 
 from .. import loopback
-from .conftest import OWN_RAY, PORT, ROOT, fresh_ray, run
-
-# Its own Ray (conftest.OWN_RAY), in the lane beside the session's: ~105 s of the critical session
-# lane, which the lane of own processes has room for since the side lane took its unit tests.
-pytestmark = getattr(pytest.mark, OWN_RAY)
-FRAMEWORKS_PORT = PORT + 7  # test_cluster.py serves on PORT + 2, 3, 5 and 6, test_retrain_loop.py on PORT + 4
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    yield from fresh_ray()
-
-
-@pytest.fixture(scope="module")
-def ws(ray_session, tmp_path_factory):
-    from rayline.workspace import workspace
-
-    return workspace(tmp_path_factory.mktemp("frameworks-workspace")).ensure()
+from .conftest import ROOT, run
 
 
 def _served_and_identical(summary, ws, spec):
@@ -79,7 +62,7 @@ def test_tensorflow_multiworker_end_to_end(ray_session, ws):
     from rayline.spec import apply_overrides, load_spec
 
     spec = apply_overrides(load_spec(ROOT / "pipelines" / "wine-tensorflow.yaml"), {"train.epochs": 12})
-    summary = run(spec, ws, port=FRAMEWORKS_PORT)
+    summary = run(spec, ws)
     assert len(summary.trials[0].result.history) == 12
     accuracy = _served_and_identical(summary, ws, spec)
     assert accuracy >= 0.85, accuracy

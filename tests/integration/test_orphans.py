@@ -14,10 +14,7 @@ import time
 
 import pytest
 
-from tests.integration.conftest import SIDE_LANE_MARK, run
-
-# In the side lane (conftest.SIDE_LANE_MARK), on that lane's Ray: nothing here deploys.
-pytestmark = getattr(pytest.mark, SIDE_LANE_MARK)
+from tests.integration.conftest import run
 
 IRIS = {"format": "sklearn", "name": "iris"}
 

@@ -221,7 +221,7 @@ def store(tmp_path):
     return Registry(ws), load_spec(SPEC), ws.root / "mlflow.db"
 
 
-@pytest.mark.side_lane  # conftest.SIDE_LANE_MARK
+@pytest.mark.session_lane  # conftest.SESSION_LANE_MARK
 def test_locked_database_is_a_one_line_error(store, capfd):
     # Another process holding SQLite's write lock past MLflow's own 20 s wait.
     from rayline.errors import RegistryError

@@ -22,15 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.conftest import SIDE_LANE_MARK
 from tests.integration.restore_evidence import assert_restored, copy_checkpoints
 from tests.integration.test_interrupts import (BOOSTER, IRIS, _assert_no_leftovers, _descendants, _env, _interrupt_when,
                                                _mlflow, _one_line, _pipeline_runs, _squeezed)
 from tests.integration.test_interrupts import _alive as _alive_pids
-
-# In the side lane (conftest.SIDE_LANE_MARK), after the unit tests: each test's `rayline run` starts a
-# Ray of its own in a subprocess, and nothing here holds a fixed port.
-pytestmark = getattr(pytest.mark, SIDE_LANE_MARK)
 
 _AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 

@@ -31,13 +31,9 @@ import os
 import textwrap
 
 import numpy as np
-import pytest
 import yaml
 
-from tests.integration.conftest import SIDE_LANE_MARK, run
-
-# In the side lane (conftest.SIDE_LANE_MARK), on that lane's Ray: nothing here deploys.
-pytestmark = getattr(pytest.mark, SIDE_LANE_MARK)
+from tests.integration.conftest import run
 
 CANCER = {"format": "sklearn", "name": "breast_cancer"}
 

@@ -1,6 +1,6 @@
 """Search and scheduling strategies end to end on tiny sweeps: optuna, median stopping, PBT, time budget.
 
-Each sweep runs in-process on the side lane's Ray (2 CPUs, as the session's): iris, one Train worker per trial,
+Each sweep runs in-process on the session's Ray (2 CPUs): iris, one Train worker per trial,
 a few epochs, two trials at once.
 """
 
@@ -17,14 +17,10 @@ from rayline.spec import parse_spec
 from rayline.storage import list_names
 from rayline.train.loop import read_state
 from tests.integration import slow_model
-from tests.integration.conftest import SIDE_LANE_MARK, run
+from tests.integration.conftest import run
 from tests.integration.restore_evidence import assert_restored
 
 IRIS = {"format": "sklearn", "name": "iris"}
-
-# In the side lane (conftest.SIDE_LANE_MARK), on that lane's own Ray: ~100 s of the critical
-# session lane, and nothing here deploys.
-pytestmark = getattr(pytest.mark, SIDE_LANE_MARK)
 
 
 def _raw(name: str, *, framework: str = "torch", epochs: int = 6, tune: dict, serve: bool = False,
