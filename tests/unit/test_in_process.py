@@ -125,7 +125,7 @@ def test_only_a_one_cpu_worker_run_on_this_machine_s_one_node_ray_runs_in_proces
     plan = ResourcePlan(cpus_per_worker=1, gpus_per_worker=0, concurrent_trials=1, threads_per_worker=1)
     assert not ray.is_initialized()
     assert not runs_in_process(spec(), plan)  # no Ray here: nothing says this machine is the cluster
-    # address="local": a Ray of its own, never a head another lane's test started on this machine
+    # address="local": a Ray of its own, never a head that another test started on this machine
     # (a bare ray.init() joins the cluster that `ray start` recorded in /tmp/ray/ray_current_cluster).
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
