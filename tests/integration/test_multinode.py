@@ -20,7 +20,10 @@ and Ray Train's run state), while training runs:
   second attempt on the surviving and the new node;
 - the registered model is served by a replica on a worker node, and the endpoint answers HTTP;
 - the split its data stage made on the two worker nodes is the one the session's single node
-  makes of the same data (split sizes and the raw test rows, from the data cache entry).
+  makes of the same data (split sizes and the raw test rows, from the data cache entry);
+- the model's retrain loop (the spec's retrain section) runs on the head node; restarted, it runs
+  again a retrain recorded on a node that has since died, and waits for one that still runs on its
+  own node (the next test).
 
 The cluster runs without token authentication, and the client's HOME holds a token file it never
 heard of (as one left on a laptop by an earlier `ray start`): rayline used to send that token to any
@@ -72,6 +75,12 @@ def cluster():
         left = cluster.shutdown()
         print(f"cluster stopped in {time.monotonic() - started:.0f} s")
     assert left == [], "processes of the test cluster left running:\n" + "\n".join(left)
+
+
+@pytest.fixture(scope="module")
+def shared_ws(tmp_path_factory):
+    """The submitted pipeline's workspace: a path every node of this one-machine cluster reaches."""
+    return tmp_path_factory.mktemp("shared") / "shared-ws"
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +156,17 @@ def _answer(url: str, body: dict, cluster, tmp_path, attempts: int = 3) -> httpx
                 raise
 
 
-def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(cluster, stray_token_home, tmp_path):
-    ws = tmp_path / "shared-ws"  # a path every node of this one-machine cluster reaches
+def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(cluster, stray_token_home, shared_ws,
+                                                                                  tmp_path):
+    ws = shared_ws
     log = tmp_path / "submit.log"
     env = _client_env(stray_token_home)
     cmd = [sys.executable, "-m", "rayline.cli", "submit", "pipelines/diabetes-torch.yaml",
            "--address", cluster.dashboard, "--workspace", str(ws), "--port", str(SERVE_PORT), "--follow",
            "--set", f"train.epochs={EPOCHS}", "--set", "train.cpus_per_worker=1", "--set", "train.max_failures=2",
-           "--set", "serve.oip=false"]  # no V2 app of the model's own: a replica more, not what this is about
+           "--set", "serve.oip=false",  # no V2 app of the model's own: a replica more, not what this is about
+           # A retrain loop that only the next test's record sets retraining (a day's schedule: no retrain here).
+           "--set", "retrain.on=[schedule]", "--set", "retrain.every=1d"]
     started = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -209,6 +221,7 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
     assert not [line for line in text.splitlines() if line.startswith("error:")], text[-4000:]
     assert text.rstrip().endswith("SUCCEEDED"), text[-2000:]
     assert "worker failures: training restarted from the checkpoints of epochs" in text, text[-4000:]
+    assert "retrain loop of diabetes: watching (schedule;" in text, text[-4000:]
 
     # Recovered from the checkpoint on shared storage, not from scratch.
     from rayline.train.run import locate_best
@@ -264,6 +277,100 @@ def test_submitted_pipeline_trains_across_nodes_survives_a_dead_node_and_serves(
     print(f"multi-node run: {took:.0f} s from submit to served (workers placed {t_train - started:.0f} s, node killed "
           f"{t_kill - started:.0f} s, replacement joined {t_added - started:.0f} s); resumed from epoch {resumed_at}; "
           f"killed node {victim.index} ({len(killed)} processes)")
+
+
+def _loop_actor(cluster) -> dict | None:
+    actors = cluster.state("actors", class_name="RetrainLoop", state="ALIVE")
+    return actors[0] if len(actors) == 1 else None
+
+
+def test_the_retrain_loop_lives_on_the_head_and_finds_its_retrain_on_the_retrains_own_node(cluster, stray_token_home,
+                                                                                             shared_ws, tmp_path):
+    """After the test above: the served model's retrain loop (a detached actor the job's driver started,
+    watching a schedule of a day) runs on the head node, where a worker node's death or scale-down never reaches it. A loop restarted
+    while its record says a retrain runs asks the retrain's own node whether its process lives:
+
+    - the record names the node killed above and a pid that lives on this machine (as some other
+      process's pid would on the node where the loop restarts): the old check of the loop's own kernel
+      waited for it forever; the node is gone, so the retrain is run again (here it fails at once, as
+      the endpoint's replicas hold part of both 1-CPU nodes, and the loop records why);
+    - the record names the head and a process of its own session that runs there (a retrain that
+      outlived the loop's process): the restarted loop waits for it, does not start a second, and
+      `rayline retrain stop` from the client ends it with the loop."""
+
+    from rayline.registry import RETRAIN_LOOP_TAG, Registry
+    from rayline.retrain.decisions import new_record
+    from rayline.workspace import workspace
+
+    head, dead = cluster.nodes[0], next(n for n in cluster.nodes if not n.alive)
+    registry = Registry(workspace(shared_ws))
+    env = _client_env(stray_token_home)
+
+    def restart_with(record: dict, loop: dict) -> None:
+        """Save `record` as the loop's and kill the loop's process: Ray restarts the actor, which reads it."""
+        registry.set_model_tag("diabetes", RETRAIN_LOOP_TAG, json.dumps(record))
+        os.kill(loop["pid"], signal.SIGKILL)
+
+    def status() -> dict:
+        shown = run_or_report([sys.executable, "-m", "rayline.cli", "retrain", "status", "diabetes", "--address",
+                               cluster.address, "--workspace", str(shared_ws), "-o", "json"], cwd=ROOT, env=env, timeout=120)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        return json.loads(shown.stdout)
+
+    def saved() -> dict:
+        return json.loads(registry.model_tag("diabetes", RETRAIN_LOOP_TAG) or "{}")
+
+    def wait_for(what: str, check, timeout_s: float = 120):
+        deadline = time.monotonic() + timeout_s
+        while not (value := check()):
+            assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}; the record: {saved()}"
+            time.sleep(0.5)
+        return value
+
+    first = _loop_actor(cluster)
+    assert first and first["node_id"] == head.node_id, cluster.state("actors", class_name="RetrainLoop")
+    record = new_record(time.time(), 86400.0)  # the loop's own until its first change of state (a day's schedule)
+
+    def retraining(run_id: str, pid: int, node: str) -> dict:
+        return {**record, "state": "retraining", "current": {
+            "id": run_id, "trigger": "schedule", "detail": "every 86400 s", "started": time.time(), "fingerprint": None,
+            "champion": "1", "version": None, "rollout": None, "pid": pid, "node": node, "log": None}}
+
+    # A retrain on the dead node, whose pid lives here.
+    restart_with(retraining("lost0node001", os.getpid(), dead.node_id), first)
+    after = wait_for("the restarted loop's decision on the lost retrain",
+                     lambda: (lambda r: r if r.get("state") == "watching" and r["decisions"][-1]["decision"] == "failed"
+                              else None)(saved()))
+    decided = [d["decision"] for d in after["decisions"]]
+    assert decided[-2:] == ["resumed", "failed"], after["decisions"]
+    assert "CPUs" in after["decisions"][-1]["why"], after["decisions"][-1]  # the run itself said why, on this cluster
+    assert (shared_ws / "retrain" / "diabetes-lost0node001.log").exists()  # started again, under the same id
+    again = wait_for("the restarted loop", lambda: (lambda a: a if a and a["pid"] != first["pid"] else None)(_loop_actor(cluster)))
+    assert again["node_id"] == head.node_id, again
+
+    # A retrain of the head's that outlived the loop's process (a session of its own, as the loop starts them).
+    survivor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        record = after
+        restart_with(retraining("outlived0001", survivor.pid, head.node_id), again)
+        third = wait_for("the loop restarted again",
+                         lambda: (lambda a: a if a and a["pid"] not in (first["pid"], again["pid"]) else None)(_loop_actor(cluster)))
+        assert third["node_id"] == head.node_id, third
+        shown = wait_for("the restarted loop's look at the retrain",
+                         lambda: (lambda s: s if "started before a restart" in (s["waiting"] or "") else None)(status()))
+        assert shown["record"]["state"] == "retraining" and f"pid {survivor.pid}" in shown["waiting"], shown
+        stop = run_or_report([sys.executable, "-m", "rayline.cli", "retrain", "stop", "diabetes", "--address", cluster.address,
+                              "--workspace", str(shared_ws)], cwd=ROOT, env=env, timeout=180)
+        assert stop.returncode == 0 and "retrain loop stopped" in stop.stdout, stop.stdout + stop.stderr
+        assert survivor.wait(timeout=30) == -signal.SIGTERM  # ended by the stop, as Ctrl-C ends a run
+    finally:
+        if survivor.poll() is None:
+            survivor.kill()
+            survivor.wait()
+    assert _loop_actor(cluster) is None
+    final = saved()
+    assert final["state"] == "stopped" and [d["decision"] for d in final["decisions"]][-3:] == ["resumed", "failed", "stopped"], \
+        final["decisions"]
 
 
 def test_a_client_with_a_stray_token_file_runs_and_lists_jobs_without_token_auth(cluster, stray_token_home, tmp_path):

@@ -4,13 +4,15 @@ retrains, reads the challenger's judgement and rolls it out as a gated canary, p
 stays within its limits (decisions.py decides; this module gathers and acts).
 
 Why an actor, not a thread of `rayline run`: it outlives the command that started it on a cluster
-(`lifetime="detached"`), Ray restarts it when its process or node dies (`max_restarts=-1`), and
+(`lifetime="detached"`), Ray restarts it when its process or node dies (`max_restarts=-1`; it runs
+on the head node, where a worker node's death or scale-down never reaches it: nodes.py), and
 its name (`rayline-retrain-NAME` in namespace `rayline`, `get_if_exists`) makes a second start find
 the first: one loop per model. Its record is a registered-model tag (RETRAIN_LOOP_TAG), written at
 every change of state, so a restarted loop picks up where it was: a canary it was watching is
 still watched, a retrain it started is found by the id its version carries (RETRAIN_TAG).
 
-A retrain is `rayline run SPEC --no-serve` in a subprocess of the actor, a driver of its own on the
+A retrain is `rayline run SPEC --no-serve` in a subprocess of the actor (its pid and node recorded:
+a loop restarted on another node asks that node whether it still runs), a driver of its own on the
 same cluster: the pipeline's stages, its data cache (an unchanged data stage is free) and its
 register stage, which judges the new version against the champion on the new run's test split
 with `retrain.compare` (rayline/pipeline/register.py) and records the reason it was given.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -29,6 +32,7 @@ import uuid
 from typing import Optional
 
 from rayline.retrain.decisions import add_decision, backoff_s, canary_verdict, due, new_record, note_drift
+from rayline.retrain.nodes import ON_THE_HEAD, here, pid_alive, process_alive
 from rayline.retrain.reason import RETRAIN_REASON_ENV
 
 __all__ = ["LOOP_NAMESPACE", "loop_name", "start_loop", "start_loop_line", "start_for_version", "loop_status", "stop_loop",
@@ -100,11 +104,27 @@ class RetrainLoop:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        else:
+            self._stop_inherited()
         with self._lock:
             self.record["state"] = "stopped"
             self._decide("stopped", why, None)
             self._save()
         ray.actor.exit_actor()
+
+    def _stop_inherited(self) -> None:
+        """A retrain this loop found running when it restarted (not its child: no Popen to wait on),
+        on this node: its process group gets SIGTERM, as `rayline run` takes a Ctrl-C. One on
+        another node is left to finish: it registers a version that nothing deploys."""
+        current = self.record.get("current") or {}
+        pid = current.get("pid")
+        if self.record.get("state") != "retraining" or not pid or current.get("node") not in (None, here()):
+            return
+        if pid_alive(pid):
+            try:
+                os.killpg(pid, signal.SIGTERM)  # started with start_new_session: its group is its pid
+            except (ProcessLookupError, PermissionError):
+                pass
 
     # ---------------------------------------------------------------- the record
 
@@ -245,7 +265,7 @@ class RetrainLoop:
         with open(log_path, "wb") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, cwd=str(self.ws.root), start_new_session=True)
-        current["pid"], current["log"] = self.proc.pid, str(log_path)
+        current["pid"], current["node"], current["log"] = self.proc.pid, here(), str(log_path)
         self.waiting = f"retraining ({current['trigger']}), pid {self.proc.pid}"
         self._save()
 
@@ -265,7 +285,7 @@ class RetrainLoop:
             version = self._find_version(current["id"])
             if version is None:
                 pid = current.get("pid")
-                if pid and _alive(pid):
+                if pid and process_alive(pid, current.get("node")):
                     self.waiting = f"retraining ({current['trigger']}), pid {pid} (started before a restart)"
                     return
                 self._decide("resumed", "the loop restarted while retraining and found no new version: retraining again", None)
@@ -369,14 +389,6 @@ class RetrainLoop:
         self._save()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
 def _tail(path: Optional[str]) -> str:
     if not path:
         return ""
@@ -403,7 +415,7 @@ def start_loop(spec, ws) -> str:
     spec_raw = spec.model_dump(by_alias=True, exclude_none=True)
     actor_class = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(RetrainLoop)
     handle = actor_class.options(name=loop_name(spec.name), namespace=LOOP_NAMESPACE, lifetime="detached",
-                                 get_if_exists=True).remote(spec.name, spec_raw, str(ws.location),
+                                 get_if_exists=True, **ON_THE_HEAD).remote(spec.name, spec_raw, str(ws.location),
                                                              ws.tracking_uri_override)
     ray.get(handle.update_spec.remote(spec_raw))
     retrain = spec.retrain
