@@ -285,10 +285,11 @@ def _loop_actor(cluster) -> dict | None:
 
 
 def test_the_retrain_loop_lives_on_the_head_and_finds_its_retrain_on_the_retrains_own_node(cluster, stray_token_home,
-                                                                                             shared_ws, tmp_path):
+                                                                                             shared_ws):
     """After the test above: the served model's retrain loop (a detached actor the job's driver started,
-    watching a schedule of a day) runs on the head node, where a worker node's death or scale-down never reaches it. A loop restarted
-    while its record says a retrain runs asks the retrain's own node whether its process lives:
+    watching a schedule of a day) runs on the head node, where a worker node's death or scale-down
+    never reaches it. A loop restarted while its record says a retrain runs asks the retrain's own
+    node whether its process lives:
 
     - the record names the node killed above and a pid that lives on this machine (as some other
       process's pid would on the node where the loop restarts): the old check of the loop's own kernel
@@ -327,6 +328,19 @@ def test_the_retrain_loop_lives_on_the_head_and_finds_its_retrain_on_the_retrain
             time.sleep(0.5)
         return value
 
+    def restarted(*before: dict) -> dict | None:
+        """The loop's actor when it is alive in a process none of `before` had."""
+        loop = _loop_actor(cluster)
+        return loop if loop and loop["pid"] not in {b["pid"] for b in before} else None
+
+    def decided_after_lost_retrain() -> dict | None:
+        record = saved()
+        return record if record.get("state") == "watching" and record["decisions"][-1]["decision"] == "failed" else None
+
+    def waiting_for_inherited_retrain() -> dict | None:
+        shown = status()
+        return shown if "started before a restart" in (shown["waiting"] or "") else None
+
     first = _loop_actor(cluster)
     assert first and first["node_id"] == head.node_id, cluster.state("actors", class_name="RetrainLoop")
     record = new_record(time.time(), 86400.0)  # the loop's own until its first change of state (a day's schedule)
@@ -338,14 +352,12 @@ def test_the_retrain_loop_lives_on_the_head_and_finds_its_retrain_on_the_retrain
 
     # A retrain on the dead node, whose pid lives here.
     restart_with(retraining("lost0node001", os.getpid(), dead.node_id), first)
-    after = wait_for("the restarted loop's decision on the lost retrain",
-                     lambda: (lambda r: r if r.get("state") == "watching" and r["decisions"][-1]["decision"] == "failed"
-                              else None)(saved()))
+    after = wait_for("the restarted loop's decision on the lost retrain", decided_after_lost_retrain)
     decided = [d["decision"] for d in after["decisions"]]
     assert decided[-2:] == ["resumed", "failed"], after["decisions"]
     assert "CPUs" in after["decisions"][-1]["why"], after["decisions"][-1]  # the run itself said why, on this cluster
     assert (shared_ws / "retrain" / "diabetes-lost0node001.log").exists()  # started again, under the same id
-    again = wait_for("the restarted loop", lambda: (lambda a: a if a and a["pid"] != first["pid"] else None)(_loop_actor(cluster)))
+    again = wait_for("the restarted loop", lambda: restarted(first))
     assert again["node_id"] == head.node_id, again
 
     # A retrain of the head's that outlived the loop's process (a session of its own, as the loop starts them).
@@ -353,11 +365,9 @@ def test_the_retrain_loop_lives_on_the_head_and_finds_its_retrain_on_the_retrain
     try:
         record = after
         restart_with(retraining("outlived0001", survivor.pid, head.node_id), again)
-        third = wait_for("the loop restarted again",
-                         lambda: (lambda a: a if a and a["pid"] not in (first["pid"], again["pid"]) else None)(_loop_actor(cluster)))
+        third = wait_for("the loop restarted again", lambda: restarted(first, again))
         assert third["node_id"] == head.node_id, third
-        shown = wait_for("the restarted loop's look at the retrain",
-                         lambda: (lambda s: s if "started before a restart" in (s["waiting"] or "") else None)(status()))
+        shown = wait_for("the restarted loop's look at the retrain", waiting_for_inherited_retrain)
         assert shown["record"]["state"] == "retraining" and f"pid {survivor.pid}" in shown["waiting"], shown
         stop = run_or_report([sys.executable, "-m", "rayline.cli", "retrain", "stop", "diabetes", "--address", cluster.address,
                               "--workspace", str(shared_ws)], cwd=ROOT, env=env, timeout=180)

@@ -32,7 +32,7 @@ import uuid
 from typing import Optional
 
 from rayline.retrain.decisions import add_decision, backoff_s, canary_verdict, due, new_record, note_drift
-from rayline.retrain.nodes import ON_THE_HEAD, here, pid_alive, process_alive
+from rayline.retrain.nodes import ON_THE_HEAD, here, process_alive
 from rayline.retrain.reason import RETRAIN_REASON_ENV
 
 __all__ = ["LOOP_NAMESPACE", "loop_name", "start_loop", "start_loop_line", "start_for_version", "loop_status", "stop_loop",
@@ -120,11 +120,10 @@ class RetrainLoop:
         pid = current.get("pid")
         if self.record.get("state") != "retraining" or not pid or current.get("node") not in (None, here()):
             return
-        if pid_alive(pid):
-            try:
-                os.killpg(pid, signal.SIGTERM)  # started with start_new_session: its group is its pid
-            except (ProcessLookupError, PermissionError):
-                pass
+        try:
+            os.killpg(pid, signal.SIGTERM)  # started with start_new_session: its group is its pid
+        except (ProcessLookupError, PermissionError):
+            pass  # ended already (or the number is another user's now)
 
     # ---------------------------------------------------------------- the record
 

@@ -23,7 +23,7 @@ from typing import Optional
 
 __all__ = ["HEAD_RESOURCE", "ON_THE_HEAD", "here", "pid_alive", "process_alive"]
 
-HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node only
+HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node only (ray._common.constants)
 ON_THE_HEAD = {"resources": {HEAD_RESOURCE: 0.001}}  # an actor's options that place it there
 _ASK_TIMEOUT_S = 60.0
 
@@ -56,7 +56,7 @@ def process_alive(pid: int, node_id: Optional[str]) -> bool:
     from ray.exceptions import GetTimeoutError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    if not any(n.get("Alive") and n["NodeID"] == node_id for n in ray.nodes()):
+    if not _node_alive(node_id):
         return False  # the node is gone, and its processes with it
     ask = ray.remote(num_cpus=0, max_retries=0)(pid_alive).options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), name="rayline-retrain-pid-check")
@@ -67,4 +67,10 @@ def process_alive(pid: int, node_id: Optional[str]) -> bool:
         ray.cancel(ref, force=True)
         return True
     except Exception:  # noqa: BLE001 - the node died while asked (the task's failure says so)
-        return any(n.get("Alive") and n["NodeID"] == node_id for n in ray.nodes())
+        return _node_alive(node_id)
+
+
+def _node_alive(node_id: str) -> bool:
+    import ray
+
+    return any(n.get("Alive") and n["NodeID"] == node_id for n in ray.nodes())
