@@ -209,8 +209,10 @@ def test_without_version_scores_with_the_champion_not_the_newest(digits, ws, fra
                                   {}, {"framework": "torch"}).version for _ in range(2)]
     registry.set_alias(name, "champion", versions[0])
     frame.head(200).to_parquet(tmp_path / "rows.parquet", index=False)
-    result = score(name, str(tmp_path / "rows.parquet"), str(tmp_path / "scores.parquet"), workspace=ws)
+    # The local engine: `score` resolves the version before it picks an engine (rayline/batch/engine.py),
+    # and each run on the session's Ray started a pool of scoring actors (~20 s of the suite each).
+    result = score(name, str(tmp_path / "rows.parquet"), str(tmp_path / "scores.parquet"), workspace=ws, engine="local")
     assert result.version == versions[0] != max(versions, key=int)
     registry.delete_alias(name, "champion")
-    newest = score(name, str(tmp_path / "rows.parquet"), str(tmp_path / "newest.parquet"), workspace=ws)
+    newest = score(name, str(tmp_path / "rows.parquet"), str(tmp_path / "newest.parquet"), workspace=ws, engine="local")
     assert newest.version == max(versions, key=int)

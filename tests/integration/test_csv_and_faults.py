@@ -1,11 +1,7 @@
 """A CSV pipeline with string labels, a categorical column and missing values; and a worker killed mid-run."""
 
-import glob
 import os
 import re
-import signal
-import threading
-import time
 
 import numpy as np
 import pandas as pd
@@ -13,7 +9,7 @@ import pytest
 import yaml
 
 from .. import loopback
-from .conftest import run
+from .worker_kill import assert_resumed_from_the_kill, run_killing_a_worker
 
 
 def _churn_frame(n=400, seed=0):
@@ -32,7 +28,7 @@ def churn(ray_session, ws, tmp_path_factory):
     """The churn pipeline, trained once for the module: torch FSDP on 2 workers (each holds half of
     the parameters and optimizer state; checkpoints gather the full state), one worker SIGKILLed once
     a checkpoint is registered, then served at /churn. The string-label, bad-request and quality
-    tests query what it serves; test_killed_worker_resumes_from_checkpoint[torch] checks the resume."""
+    tests query what it serves; test_killed_worker_resumes_from_checkpoint checks the resume."""
     from rayline.spec import load_spec
 
     folder = tmp_path_factory.mktemp("churn")
@@ -49,7 +45,7 @@ def churn(ray_session, ws, tmp_path_factory):
         "serve": {"route": "/churn"},
     }))
     spec = load_spec(folder / "churn.yaml")
-    summary, fault = _run_killing_a_worker(spec, ws, tmp_path_factory.mktemp("churn-at-kill"))
+    summary, fault = run_killing_a_worker(spec, ws, tmp_path_factory.mktemp("churn-at-kill"))
     return spec, summary, fault
 
 
@@ -270,112 +266,21 @@ def test_ray_data_fit_equals_pandas_fit(churn):
     assert scale["fee"][0] == pytest.approx(frame["fee"].mean()) and scale["fee"][1] == pytest.approx(frame["fee"].std(ddof=0))
 
 
-def _alive_train_workers():
-    import ray
-    from ray.util.state import list_actors
-
-    # This session's own Ray, named: with other Rays on the machine the state API refused to guess.
-    return list_actors(address=ray.get_runtime_context().gcs_address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
-
-
-def _registered_epoch(pattern):
-    """The epoch of the latest checkpoint Ray Train has registered, or None."""
-    import json
-
-    for path in glob.glob(pattern):
-        try:
-            with open(path) as fh:
-                latest = json.load(fh).get("latest_checkpoint_result")
-        except (OSError, ValueError):
-            return None  # being written
-        if latest and "epoch" in latest.get("metrics", {}):
-            return int(latest["metrics"]["epoch"])
-    return None
-
-
 FAULT_EPOCHS = 6  # a worker is killed once a checkpoint of epoch >= 1 is registered; the rest show the resume
-FAULT_MODELS = {
-    # torch: the module's churn run (FSDP, the `churn` fixture): the restart reshards the checkpoint.
-    # torch DDP's restore from a checkpoint is what the PBT test exercises (test_tune_strategies.py).
-    "torch": None,
-    "tensorflow": {"framework": "tensorflow", "kind": "mlp", "params": {"hidden_sizes": [16]}},
-    # Not xgboost (its run here cost the suite ~50 s): restarting the worker group after a dead
-    # worker is Ray Train's, the same for every framework, and xgboost's restore from a checkpoint
-    # (trees, rounds, early-stopping state) is checked by test_resume.py, for every unfinished trial
-    # of a sweep whose driver was killed.
-}
 
 
-def _run_killing_a_worker(spec, ws, copies_dir):
-    """Run `spec` in a thread and SIGKILL one training worker once Ray Train has *registered* a
-    checkpoint of epoch >= 1 (its manager snapshot names one: a checkpoint directory that exists but
-    is not registered yet is not resumed from). (summary, {"killed": pid, "registered": epoch,
-    "copies": the run's checkpoints copied at the kill}); asserts the kill happened and the run finished."""
-    from .restore_evidence import copy_checkpoints
-
-    outcome = {}
-
-    def target():
-        try:
-            outcome["summary"] = run(spec, ws)
-        except BaseException as exc:  # surfaced below with the test's own assertion
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    # This run's folder (NAME-YYYYMMDD-...), not another pipeline's whose name starts with this one's.
-    snapshots = os.path.join(ws.runs_dir, f"{spec.name}-[0-9]*", "train", "checkpoint_manager_snapshot.json")
-    killed = registered = copies = None
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and thread.is_alive():
-        registered = _registered_epoch(snapshots)
-        if registered is not None and registered >= 1:
-            workers = _alive_train_workers()
-            if workers:
-                killed = workers[-1].pid
-                os.kill(killed, signal.SIGKILL)
-                # No report completes without the dead worker, so no checkpoint registers (and none
-                # is deleted) until the restarted attempt has restored: the one it restores is here.
-                (run_dir,) = glob.glob(os.path.dirname(snapshots))
-                copies = copy_checkpoints(run_dir, str(copies_dir))
-                break
-        time.sleep(0.05)
-    assert killed, f"no training worker was found to kill before training ended: {outcome}"
-    thread.join(600)
-    assert not thread.is_alive(), "training did not finish within 10 minutes of the kill"
-    assert "error" not in outcome, f"the run failed after the kill: {outcome.get('error')!r}"
-    return outcome["summary"], {"killed": killed, "registered": registered, "copies": copies}
-
-
-@pytest.mark.parametrize("framework", sorted(FAULT_MODELS))
-def test_killed_worker_resumes_from_checkpoint(ray_session, ws, churn, framework, tmp_path):
-    """SIGKILL one training worker after a checkpoint exists; training resumes from it, not from epoch 0:
-    the restarted workers train from exactly that checkpoint's weights and optimizer state (FSDP: resharded),
-    and train on from there."""
-    from .restore_evidence import assert_restored, latest_checkpoint
-    from rayline.spec import apply_overrides
-
+def test_killed_worker_resumes_from_checkpoint(churn, ws):
+    """SIGKILL one training worker of the churn run (torch FSDP) after a checkpoint exists; training
+    resumes from it, not from epoch 0: the restarted workers train from exactly that checkpoint's
+    weights and optimizer state, resharded, and train on from there. tensorflow's worker group is
+    killed the same way in test_frameworks.py's end-to-end run; torch DDP's restore from a checkpoint
+    is what the PBT test exercises (test_tune_strategies.py). Not xgboost (its run here cost the suite
+    ~50 s): restarting the worker group after a dead worker is Ray Train's, the same for every
+    framework, and xgboost's restore (trees, rounds, early-stopping state) is checked by
+    test_resume.py, for every unfinished trial of a sweep whose driver was killed."""
     spec, summary, fault = churn
-    if FAULT_MODELS[framework] is not None:
-        spec = apply_overrides(spec, {"name": f"churn-faulty-{framework}", "model": FAULT_MODELS[framework],
-                                      "train.strategy": "ddp"})
-        spec = spec.model_copy(update={"serve": None})
-        summary, fault = _run_killing_a_worker(spec, ws, tmp_path / "at-kill")
-    epochs = spec.train.epochs
-    assert summary.resumed_from, "training did not resume from a checkpoint"
-    resumed_at = summary.resumed_from[0]
-    assert resumed_at >= fault["registered"]  # from the checkpoint registered before the kill, or a later one
-    history = summary.trials[0].result.history
-    # Every epoch exactly once, and the epochs up to the checkpoint were trained before the
-    # restart (resumed == 0), the rest after it: resumed, not restarted from epoch 0.
-    assert [row["epoch"] for row in history] == list(range(epochs))
-    assert [row["resumed"] for row in history] == [0] * (resumed_at + 1) + [1] * (epochs - resumed_at - 1)
-    # The restarted workers' live state before their first step was that checkpoint's, not a fresh model's.
-    result = summary.trials[0].result
-    (restore,) = assert_restored(result.starts, result.resumed_from, fault["copies"], latest_checkpoint(result.run_dir))
-    assert restore["epoch"] == resumed_at
-    if framework == "torch":
-        _sharded_model_serves_as_trained(summary, ws)
+    assert_resumed_from_the_kill(summary, fault, spec.train.epochs)
+    _sharded_model_serves_as_trained(summary, ws)
 
 
 def _sharded_model_serves_as_trained(summary, ws):

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from .. import loopback
+from ..cli import rayline
 from ..ray_metrics import metrics_export_text
 from .conftest import PORT, ROOT, run
 
@@ -237,7 +238,10 @@ def test_the_key_is_written_nowhere(key_traffic, keyed_run, ws, tmp_path):
         time.sleep(2)
     address = ray.get_runtime_context().gcs_address
     # Every application, with its rollout (the routers' table) and its counts from the metrics export.
-    cli = [_cli("--address", address, "-w", str(tmp_path), *out) for out in ((), ("-o", "json"))]
+    # In this process (tests/cli.py: the same entry point and output, joining this Ray); the serve family's
+    # subprocess is test_cli_status_joins_the_running_cluster's.
+    cli = [rayline("serve", "status", "--address", address, "-w", str(tmp_path), *out, extra_env={"COLUMNS": "200"})
+           for out in ((), ("-o", "json"))]
     assert all(p.returncode == 0 for p in cli), [p.stderr for p in cli]
     places = {
         "Ray's session directory (logs)": (_files_text(ray._private.worker._global_node.get_session_dir_path()),

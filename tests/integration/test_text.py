@@ -122,63 +122,93 @@ def test_the_version_keeps_its_training_statistics(text_run, ws, tickets):
     assert len(age.edges) == 9 and sum(age.counts) == stats.rows
 
 
-@pytest.mark.parametrize("engine", ["local", "ray"])
-def test_batch_scoring_reports_the_drift_of_its_input(text_run, ws, tickets, tmp_path, engine):
-    """Scored data drawn like the training data drifts nowhere; with the age shifted by two training
-    standard deviations and half the channels replaced by one never seen, exactly those two
-    features are flagged (text has no statistics). The answers written are counted against the
-    version's predicted classes: one team's tickets leave the features alone and drift the answers."""
+def _drifted_sample(text_run, ws, tickets, tmp_path):
+    """600 tickets drawn like the training data (the frame), and the same with the age shifted by two
+    training standard deviations and half the channels replaced by one never seen (a CSV's path)."""
     from rayline import load_model
-    from rayline.batch import score
 
-    whole = pd.read_csv(tickets)
-    frame = whole.drop(columns=["team"]).sample(600, random_state=3)
-    plain = tmp_path / "plain.csv"
-    frame.to_csv(plain, index=False)
-    result = score(text_run.name, str(plain), str(tmp_path / "plain.parquet"), workspace=ws, engine=engine)
-    assert result.engine == engine and {d.name: d.level for d in result.drift} == {
-        "channel": "ok", "account_age_days": "ok", "(prediction)": "ok"}, result.drift
-    answers = pd.read_parquet(tmp_path / "plain.parquet")["prediction"]
-    prediction = next(d for d in result.drift if d.name == "(prediction)")
-    assert prediction.rows == 600 and prediction.shares == pytest.approx(
-        [float((answers == team).mean()) for team in prediction.labels])  # every written answer, in its class
-    if engine == "local":  # one team's tickets: channel and age are drawn apart from the team
-        one_team = tmp_path / "one_team.csv"
-        whole[whole["team"] == whole["team"].iloc[0]].drop(columns=["team"]).to_csv(one_team, index=False)
-        result = score(text_run.name, str(one_team), str(tmp_path / "one_team.parquet"), workspace=ws, engine=engine)
-        assert {d.name: d.level for d in result.drift} == {"channel": "ok", "account_age_days": "ok",
-                                                           "(prediction)": "alert"}, result.drift
+    frame = pd.read_csv(tickets).drop(columns=["team"]).sample(600, random_state=3)
     std = load_model(text_run.name, text_run.version, workspace=str(ws.root)).statistics.features["account_age_days"].std
     shifted = frame.assign(account_age_days=frame["account_age_days"] + 2 * std)
     shifted.loc[shifted.index[:300], "channel"] = "fax"
     path = tmp_path / "shifted.csv"
     shifted.to_csv(path, index=False)
-    result = score(text_run.name, str(path), str(tmp_path / "shifted.parquet"), workspace=ws, engine=engine)
+    return frame, path
+
+
+def test_batch_scoring_reports_the_drift_of_its_input(text_run, ws, tickets, tmp_path):
+    """Scored data drawn like the training data drifts nowhere; with the age shifted by two training
+    standard deviations and half the channels replaced by one never seen, exactly those two
+    features are flagged (text has no statistics). The answers written are counted against the
+    version's predicted classes: one team's tickets leave the features alone and drift the answers.
+    (The local engine; the Ray engine's counts are compared with it in the next test.)"""
+    from rayline.batch import score
+
+    whole = pd.read_csv(tickets)
+    frame, path = _drifted_sample(text_run, ws, tickets, tmp_path)
+    plain = tmp_path / "plain.csv"
+    frame.to_csv(plain, index=False)
+    result = score(text_run.name, str(plain), str(tmp_path / "plain.parquet"), workspace=ws, engine="local")
+    assert result.engine == "local" and {d.name: d.level for d in result.drift} == {
+        "channel": "ok", "account_age_days": "ok", "(prediction)": "ok"}, result.drift
+    answers = pd.read_parquet(tmp_path / "plain.parquet")["prediction"]
+    prediction = next(d for d in result.drift if d.name == "(prediction)")
+    assert prediction.rows == 600 and prediction.shares == pytest.approx(
+        [float((answers == team).mean()) for team in prediction.labels])  # every written answer, in its class
+    # One team's tickets: channel and age are drawn apart from the team.
+    one_team = tmp_path / "one_team.csv"
+    whole[whole["team"] == whole["team"].iloc[0]].drop(columns=["team"]).to_csv(one_team, index=False)
+    result = score(text_run.name, str(one_team), str(tmp_path / "one_team.parquet"), workspace=ws, engine="local")
+    assert {d.name: d.level for d in result.drift} == {"channel": "ok", "account_age_days": "ok",
+                                                       "(prediction)": "alert"}, result.drift
+    result = score(text_run.name, str(path), str(tmp_path / "shifted.parquet"), workspace=ws, engine="local")
     report = {d.name: d for d in result.drift}
     assert report["account_age_days"].level == "alert" and report["account_age_days"].psi > 0.25
     assert report["channel"].level == "alert" and report["channel"].outside_share == pytest.approx(0.5)
-    if engine == "local":  # the command prints the same table
-        page = tmp_path / "drift.html"
-        # A process of its own, as a user runs it (the command family's subprocess check: the table is
-        # what reaches its terminal).
-        done = subprocess.run([sys.executable, "-m", "rayline.cli", "predict", text_run.name, "--input", str(path),
-                               "--output", str(tmp_path / "cli.parquet"), "--engine", "local", "--drift-report",
-                               str(page), "--workspace", str(ws.root)], capture_output=True, text=True, timeout=300,
-                              cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert re.search(r"\b[23] of 3 features drifted", done.stdout), done.stdout  # the answers are the third
-        assert "unseen categories 50.0% > 5.0%" in done.stdout and "account_age_days" in done.stdout
-        # the page: one panel per feature, training beside scored shares (the figure's JSON)
-        import json
+    # The command prints the same table.
+    page = tmp_path / "drift.html"
+    # A process of its own, as a user runs it (the command family's subprocess check: the table is
+    # what reaches its terminal).
+    done = subprocess.run([sys.executable, "-m", "rayline.cli", "predict", text_run.name, "--input", str(path),
+                           "--output", str(tmp_path / "cli.parquet"), "--engine", "local", "--drift-report",
+                           str(page), "--workspace", str(ws.root)], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"\b[23] of 3 features drifted", done.stdout), done.stdout  # the answers are the third
+    assert "unseen categories 50.0% > 5.0%" in done.stdout and "account_age_days" in done.stdout
+    # the page: one panel per feature, training beside scored shares (the figure's JSON)
+    import json
 
-        from bs4 import BeautifulSoup
+    from bs4 import BeautifulSoup
 
-        soup = BeautifulSoup(page.read_text(), "html.parser")
-        panels = {s["data-feature"]: s for s in soup.select("section.feature")}
-        assert set(panels) == {"channel", "account_age_days", "(prediction)"}
-        channel = json.loads(panels["channel"].select_one("script[data-figure]").string)
-        assert [t["name"] for t in channel["data"]] == ["training", "scored"]
-        assert channel["data"][0]["x"][-1] == "(unseen)" and channel["data"][1]["y"][-1] == pytest.approx(0.5)
+    soup = BeautifulSoup(page.read_text(), "html.parser")
+    panels = {s["data-feature"]: s for s in soup.select("section.feature")}
+    assert set(panels) == {"channel", "account_age_days", "(prediction)"}
+    channel = json.loads(panels["channel"].select_one("script[data-figure]").string)
+    assert [t["name"] for t in channel["data"]] == ["training", "scored"]
+    assert channel["data"][0]["x"][-1] == "(unseen)" and channel["data"][1]["y"][-1] == pytest.approx(0.5)
+
+
+def test_batch_scoring_on_ray_counts_drift_as_the_local_engine_does(text_run, ws, tickets, tmp_path):
+    """Ray Data's scoring actors count the features and the answers of their blocks, and the driver
+    merges the partial counts: on the drifted sample above, the Ray engine reports exactly what the
+    local engine does (every feature's counts, shares, PSI and level: the two flagged features and the
+    answers) and writes the same answers. One Ray run (each starts a pool of actors that load the
+    model: ~25 s of the suite); before, the plain sample was scored on Ray as well."""
+    from dataclasses import asdict
+
+    from rayline.batch import score
+
+    _, path = _drifted_sample(text_run, ws, tickets, tmp_path)
+    on_ray = score(text_run.name, str(path), str(tmp_path / "ray.parquet"), workspace=ws, engine="ray")
+    local = score(text_run.name, str(path), str(tmp_path / "local.parquet"), workspace=ws, engine="local")
+    assert (on_ray.engine, local.engine) == ("ray", "local")
+    report = {d.name: d for d in on_ray.drift}
+    assert report["account_age_days"].level == "alert" and report["channel"].outside_share == pytest.approx(0.5)
+    assert report["(prediction)"].rows == 600
+    assert [asdict(d) for d in on_ray.drift] == [asdict(d) for d in local.drift]
+    answers = [pd.read_parquet(tmp_path / f"{engine}.parquet")["prediction"].tolist() for engine in ("ray", "local")]
+    assert answers[0] == answers[1] and len(answers[0]) == 600
 
 
 def _monitoring(endpoint, until, timeout_s=30.0):
