@@ -1,6 +1,7 @@
-"""What an idle Ray costs a minute, by process: a Ray as rayline starts it (rayline.cluster.env.train_env:
-the log monitor looks for new log files every 2 s) against Ray's defaults (a look on every 0.1-s pass
-while the log folder holds under 1,000 files). Each side is its own embedded Ray, in its own process,
+"""What an idle Ray costs a minute, by process: a Ray as rayline embeds it (rayline.cluster.env.train_env,
+and no log monitor without --verbose: rayline.cluster.connection.stop_log_monitor) against Ray's
+defaults (a log monitor that looks for new log files on every 0.1-s pass while the folder holds under
+1,000 files). Each side is its own embedded Ray, in its own process,
 with the dashboard, after 150 short-lived actors have left their log files (what a few runs leave).
 
     python benchmarks/idle_ray.py               # 2 rounds x 2 sides x 60 s, 6-11 min on 2 cores
@@ -24,12 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 _ACTORS = 150
 
 
-def _one_side(seconds: float) -> dict:
+def _one_side(seconds: float, side: str) -> dict:
     """In a child process: start Ray, leave _ACTORS actors' log files, idle, measure."""
     import psutil
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=True, log_to_driver=False)
+    if side == "rayline":
+        from rayline.cluster.connection import stop_log_monitor
+
+        stop_log_monitor()
 
     @ray.remote(num_cpus=0.01)
     class Short:
@@ -70,7 +75,7 @@ def main() -> None:
     parser.add_argument("--side", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
-        print(json.dumps(_one_side(args.seconds)))
+        print(json.dumps(_one_side(args.seconds, args.side)))
         return
     sys.path.insert(0, str(ROOT / "platform"))
     from rayline.cluster.env import train_env

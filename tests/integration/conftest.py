@@ -107,13 +107,14 @@ def fresh_ray():
     os.environ.setdefault("RAYLINE_TEST_API_KEYS", "test-env-key-" + os.urandom(12).hex())
     # address="local": always a new Ray of its own, never one that another `ray start` on this
     # machine recorded in /tmp/ray/ray_current_cluster (ray.init() would join that one).
-    from rayline.cluster.connection import pin_state_api
+    from rayline.cluster.connection import pin_state_api, stop_log_monitor
 
     # Ray exports metrics (Serve's and rayline's request counters: `serve status`, the canary gate, the
     # /metrics tests) every 10 s by default, and tests waited for the export; every 2 s here. Only this
     # Ray: every Ray process exports on that clock, and the suite's other Rays wait for no metric.
     ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=pin_state_api(None), log_to_driver=False,
              namespace="rayline-tests", _system_config={"metrics_report_interval_ms": 2000})
+    stop_log_monitor()  # as rayline's embedded start does without --verbose (nothing here reads worker logs live)
     # HAProxy's state dir and stats/metrics ports are this Ray's own, and its raylet has them now.
     # Left in os.environ they would pass for a user's settings to every Ray a later test starts
     # (`ray start` heads, `rayline run` subprocesses, multi-node clusters), whose HAProxy then

@@ -448,6 +448,16 @@ def test_quick_start_serves_until_ctrl_c(tmp_path):
         assert len(body["instances"][0]) == 64  # one real row: every pixel feature
         served = loopback.post(f"http://127.0.0.1:{QUICK_START_PORT}/digits/predict", json=body, timeout=60)
         assert served.status_code == 200 and served.json()["predictions"][0] in range(10), served.text
+        # Its embedded Ray runs no log monitor (rayline.cluster.connection.stop_log_monitor: nothing
+        # reads worker logs live without --verbose); its GCS and raylet are there.
+        ray_processes = []
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                ray_processes.append(" ".join(child.cmdline()))
+            except psutil.Error:
+                pass
+        assert any("raylet" in line for line in ray_processes), ray_processes
+        assert not any("log_monitor.py" in line for line in ray_processes), ray_processes
         assert "Starting execution of Dataset" not in text  # Ray Data's INFO logs stay off the terminal
         assert "Downloading artifacts" not in text  # nor MLflow's progress bars
         report = re.search(r"sweep report: (\S+\.html)", text)  # the sweep's HTML report, written and named

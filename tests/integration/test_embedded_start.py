@@ -7,7 +7,8 @@ that a listening socket holds (as if another run bound 8265 between the check an
 is real: Ray starts, its dashboard fails to bind, rayline starts Ray again, and a task runs on it.
 Then a start whose raylet registers too late for Ray's fixed 30 s (a loaded machine; the failure is
 raised after a real start) is started again once, and stopped as `rayline run` stops it, leaving no temp
-dir of its dashboard's forkserver.
+dir of its dashboard's forkserver. The first start (no --verbose) runs no log monitor; the second
+(--verbose) keeps it.
 """
 
 import os
@@ -32,10 +33,22 @@ def racing(host, preferred=None):
     asked.append(preferred)
     return taken if preferred == 8265 else free_port(host, preferred)
 
+def log_monitors():
+    # Processes of this node running Ray's log monitor, from the machine's process table.
+    import psutil
+    found = 0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            found += "log_monitor.py" in " ".join(child.cmdline())
+        except psutil.Error:  # a worker that exited meanwhile
+            pass
+    return found
+
 connection.free_port = racing
 connection._start_embedded(1, False)
 import ray
 
+print("monitors", log_monitors())  # none: no --verbose, nothing reads worker logs live
 print("asked", asked)
 print("api", os.environ["RAY_API_SERVER_ADDRESS"], "taken", taken)
 print("task", ray.get(ray.remote(lambda: 41 + 1).remote()))
@@ -54,8 +67,9 @@ def slow_node(*args, **kwargs):
                         "failed to startup or the GCS has become overloaded.")
 
 ray.init = slow_node
-connection._start_embedded(1, False)
+connection._start_embedded(1, True)  # as `rayline run --verbose`: Ray's logs reach this terminal
 print("starts", len(starts))
+print("monitors2", log_monitors())
 print("task2", ray.get(ray.remote(lambda: 40 + 3).remote()))
 # Stopped as `rayline run` stops its own Ray: the dashboard's forkserver dir goes with it.
 dirs = connection.forkserver_dirs(connection._embedded_ray_processes())
@@ -76,6 +90,9 @@ def test_an_embedded_start_whose_dashboard_port_was_taken_or_whose_node_timed_ou
     assert "starting it again with its dashboard on another port" in done.stderr, done.stderr
     # The node that timed out: started again, once, and it runs tasks.
     assert lines["starts"] == "2" and lines["task2"] == "43", done.stdout
+    # Ray's log monitor tails the workers' logs for drivers that print them: stopped without --verbose
+    # (rayline.cluster.connection.stop_log_monitor), kept with it.
+    assert lines["monitors"] == "0" and lines["monitors2"] == "1", done.stdout
     assert "Ray did not start (The current node timed out during startup" in done.stderr, done.stderr
     # Its shutdown removed the temp dir (/tmp/pymp-*) of the dashboard's forkserver, which Ray's kill leaves.
     assert lines["forkserver_dirs"] == "1 left 0", done.stdout

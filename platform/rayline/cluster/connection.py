@@ -21,7 +21,7 @@ from rayline.workspace import Workspace
 log = logging.getLogger(__name__)
 
 __all__ = ["Connection", "read_head_record", "recorded_head", "match_cluster_auth", "cluster_address", "connect",
-           "pin_state_api", "token_auth_on", "forkserver_dirs"]
+           "pin_state_api", "stop_log_monitor", "token_auth_on", "forkserver_dirs"]
 
 _TOKEN = Path.home() / ".ray" / "auth_token"
 
@@ -332,6 +332,8 @@ def _start_embedded(num_cpus: int | None, verbose: bool, ports: tuple = (8265, N
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
                      dashboard_port=pin_state_api(preferred), log_to_driver=verbose, namespace="rayline",
                      configure_logging=True, logging_level="WARNING")
+            if not verbose:
+                stop_log_monitor()
             return
         except Exception as exc:
             text = str(exc).lower()
@@ -340,6 +342,26 @@ def _start_embedded(num_cpus: int | None, verbose: bool, ports: tuple = (8265, N
             log.warning("rayline: Ray did not start (%s); starting it again%s", str(exc).splitlines()[0],
                         " with its dashboard on another port" if "dashboard" in text else "")
             ray.shutdown()  # the half-started node's processes, before the second start
+
+
+def stop_log_monitor() -> bool:
+    """Stop the log monitor of the Ray embedded in this process; True when one was stopped.
+
+    Ray's log monitor tails every worker's log file (a readline on each of up to 200 open files
+    every 0.1 s, whatever the files hold) to publish the new lines to the drivers that asked for
+    them (log_to_driver). An embedded Ray without `--verbose` has no such driver: nothing reads
+    what it publishes, and the files stay where Ray wrote them (`ray logs`, the dashboard and the
+    Jobs API read them there). It cost an idle Ray 0.93 of its 4.92 CPU-s a minute
+    (benchmarks/idle_ray.py), and more as a long session's log folder grows. Ray starts it with
+    the node and has no option of ray.init to leave it out (`ray start --include-log-monitor`
+    is the CLI's), so it is stopped once the node is up."""
+    from ray._private import ray_constants, worker
+
+    node = worker._global_node
+    if node is None or not node.all_processes.get(ray_constants.PROCESS_TYPE_LOG_MONITOR):
+        return False
+    node.kill_log_monitor(check_alive=False)
+    return True
 
 
 def pin_state_api(preferred: int | None = 8265) -> int:
