@@ -54,6 +54,8 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 # benchmarks/idle_ray.py): the log monitor took 2.7 CPU-s a minute with Ray's defaults, 1.05 with a
 # look for new files every 2 s. Nothing is lost: a file found late is read from its start; with
 # `--verbose` (logs to the driver) a new worker's first lines reach the terminal up to 2 s later.
+# An embedded Ray without `--verbose` runs no log monitor at all (connection.stop_log_monitor); this
+# pace is for the others: `cluster up` heads, whose clients may print worker logs, and `--verbose`.
 _LOG_MONITOR_ENV = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "LOG_NAME_UPDATE_INTERVAL_S": "2"}
 
 
