@@ -16,3 +16,12 @@ import sys
 # `rayline submit` never ships them (rayline/jobs/package.py).
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
     sys.dont_write_bytecode = False
+
+# OpenMP's idle threads sleep in the suite's processes as in every process rayline's CLI and Rays run
+# (rayline.cluster.env.passive_thread_waits): the suite's xdist workers also train through rayline's
+# Python API, in process, with torch and xgboost on 2 threads, on a box the other lane keeps busy, where
+# libgomp's spinning threads took 2-15x the time (benchmarks/thread_waits.py). Set before xdist starts
+# its workers, so they load libgomp with it; test_cluster_env.py checks the CLI sets it without this.
+from rayline.cluster.env import passive_thread_waits  # noqa: E402
+
+passive_thread_waits()
