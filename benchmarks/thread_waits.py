@@ -1,6 +1,7 @@
 """OpenMP's wait policy, side by side: libgomp's default (threads spin after each parallel region) against
-OMP_WAIT_POLICY=PASSIVE (they sleep), which rayline sets for its CLI and every Ray process it starts
-(rayline/cluster/env.py). Each case runs in a fresh process (libgomp reads the policy once, at load),
+OMP_WAIT_POLICY=PASSIVE (they sleep), which the test suite sets for its processes (tests/conftest.py:
+its box is always busy) and rayline leaves at libgomp's default. Each case runs in a fresh process
+(libgomp reads the policy once, at load),
 on an idle machine and with --load busy processes beside it (what a run's other workers, Ray's own
 processes or a CI box's other jobs are).
 

@@ -17,11 +17,13 @@ import sys
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
     sys.dont_write_bytecode = False
 
-# OpenMP's idle threads sleep in the suite's processes as in every process rayline's CLI and Rays run
-# (rayline.cluster.env.passive_thread_waits): the suite's xdist workers also train through rayline's
-# Python API, in process, with torch and xgboost on 2 threads, on a box the other lane keeps busy, where
-# libgomp's spinning threads took 2-15x the time (benchmarks/thread_waits.py). Set before xdist starts
-# its workers, so they load libgomp with it; test_cluster_env.py checks the CLI sets it without this.
-from rayline.cluster.env import passive_thread_waits  # noqa: E402
-
-passive_thread_waits()
+# OpenMP's idle threads sleep in the suite's processes (OMP_WAIT_POLICY=PASSIVE). By default libgomp's
+# threads (torch's intra-op pool and MKL, xgboost, scikit-learn) spin after each parallel region before
+# they sleep; on this suite's box both cores are always busy (two lanes, Ray's processes), and a
+# spinning thread takes the core from the one with work. benchmarks/thread_waits.py on the 2-core box
+# (2026-12-07, medians of 3, each case a fresh process): beside 2 busy processes a 2-thread torch MLP
+# took 2.69 s with the default and 1.36 s passive, xgboost 0.81 s and 0.49 s (CPU 0.34x and 0.42x).
+# Not rayline's default: on an idle machine the sleeping threads' wake-ups cost 1.49x and 1.32x there.
+# The policy changes no result (the same threads split the same work), only how idle threads wait.
+# Set before xdist starts its workers, so every process of the suite loads libgomp with it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -54,11 +54,9 @@ def main() -> None:
     import time
 
     from rayline.cli import apps
-    from rayline.cluster.env import passive_thread_waits
     from rayline.signals import stop_on_sigterm
 
     apps.ENTERED_AT = time.time()  # the CLI's start, for `rayline run --timings`
-    passive_thread_waits()  # before any command imports torch or xgboost (libgomp reads it once, at load)
 
     stop_on_sigterm()  # SIGTERM (docker stop, Kubernetes, `ray job stop`) stops every command as Ctrl-C does
     try:

@@ -9,7 +9,7 @@ import os
 from rayline.errors import ClusterError
 from rayline.ports import listen_port
 
-__all__ = ["train_env", "passive_thread_waits", "THREAD_WAIT_ENV", "PREEMPTION_WATCHER_ENV", "INGRESS_ENV", "INGRESS_CHOICES", "DEFAULT_INGRESS", "REPLICA_GRPC_LIMIT_ENV",
+__all__ = ["train_env", "PREEMPTION_WATCHER_ENV", "INGRESS_ENV", "INGRESS_CHOICES", "DEFAULT_INGRESS", "REPLICA_GRPC_LIMIT_ENV",
            "HAPROXY_RETRY_ON_ENV", "serve_env", "quiet_ray", "quiet_driver_logs", "SINGLE_NODE_ENV", "loopback_env"]
 
 
@@ -59,29 +59,10 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 _LOG_MONITOR_ENV = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "LOG_NAME_UPDATE_INTERVAL_S": "2"}
 
 
-# OpenMP's threads (libgomp: torch's intra-op pool and MKL, xgboost, scikit-learn) spin after each
-# parallel region, by default some 300,000 turns, before they sleep: on a machine whose cores other
-# processes also want (Ray's own, the other workers of a run, a CI box, a shared node) the spinning
-# thread takes the core from the one with work, and a small model's many short regions turn into
-# waits. Measured on the 2-core box under load (benchmarks/thread_waits.py): a 2-thread torch MLP's
-# 8 epochs took 4.8-23 s with the default against 0.75-1.5 s passive, 30 xgboost rounds 1.7 s against
-# 0.33 s. libgomp reads the setting once, when it loads: the CLI sets it before anything imports
-# torch (passive_thread_waits), and every Ray process rayline starts inherits it (train_env).
-THREAD_WAIT_ENV = "OMP_WAIT_POLICY"
-_THREAD_WAIT = "PASSIVE"
-
-
-def passive_thread_waits() -> None:
-    """OpenMP threads that sleep when idle, for this process and those it starts (a user's own
-    OMP_WAIT_POLICY wins). Only effective before torch, xgboost or scikit-learn is imported."""
-    os.environ.setdefault(THREAD_WAIT_ENV, _THREAD_WAIT)
-
-
 def train_env(single_machine: bool = False) -> dict[str, str]:
-    """Environment for every Ray process rayline starts (Train's poll, the log monitor's pace, OpenMP's
-    waits); an explicit user setting wins. `single_machine`: a Ray no other node can join (no preemption watcher)."""
-    env = {_TRAIN_POLL_ENV: os.environ.get(_TRAIN_POLL_ENV, _TRAIN_POLL_S),
-           THREAD_WAIT_ENV: os.environ.get(THREAD_WAIT_ENV, _THREAD_WAIT)}
+    """Environment for every Ray process rayline starts (Train's poll, the log monitor's pace); an
+    explicit user setting wins. `single_machine`: a Ray no other node can join (no preemption watcher)."""
+    env = {_TRAIN_POLL_ENV: os.environ.get(_TRAIN_POLL_ENV, _TRAIN_POLL_S)}
     env.update({key: os.environ.get(key, value) for key, value in _LOG_MONITOR_ENV.items()})
     if single_machine:
         env[PREEMPTION_WATCHER_ENV] = os.environ.get(PREEMPTION_WATCHER_ENV, "0")
