@@ -47,3 +47,11 @@ def test_kinds_name_ray_titles_rayline_commands_and_fall_back_to_comm():
     assert kind("/x/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp", "gcs_server") == "ray gcs_server"
     assert kind("", "jemalloc_bg_thd") == "[jemalloc_bg_thd]"
     assert kind(WORKER, "python") == "pytest-xdist worker"
+
+
+def test_names_come_from_the_scan_of_the_same_pid_nearest_in_start_time():
+    # acct's and /proc's start times drift apart on a long run; a pid the kernel reused is another process
+    records = [{"pid": 7, "start": 1000.0}, {"pid": 7, "start": 5000.0}, {"pid": 8, "start": 1000.0}]
+    seen = {7: [(980.0, "ray::ServeController"), (4990.0, "python -m rayline.cli run x.yaml")], "8": [(1500.0, "too far")]}
+    suite_cpu._name(records, seen)
+    assert [r["cmd"] for r in records] == ["ray::ServeController", "python -m rayline.cli run x.yaml", ""]
