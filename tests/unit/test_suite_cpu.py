@@ -44,6 +44,7 @@ def test_kinds_name_ray_titles_rayline_commands_and_fall_back_to_comm():
     assert kind("ray::ServeReplica:digits:digits-router", "ray::ServeRepli") == "ray::ServeReplica:digits:digits-router"
     assert kind("/usr/bin/python -m rayline.cli cluster up --port=6390", "python") == "rayline cluster up"
     assert kind("/usr/bin/python -m rayline.cli run pipelines/x.yaml --port 1", "python") == "rayline run"
+    assert kind("/usr/bin/python /usr/bin/rayline run pipelines/digits-torch.yaml", "python") == "rayline run"
     assert kind("/x/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp", "gcs_server") == "ray gcs_server"
     assert kind("", "jemalloc_bg_thd") == "[jemalloc_bg_thd]"
     assert kind(WORKER, "python") == "pytest-xdist worker"
