@@ -25,5 +25,7 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
 # took 2.69 s with the default and 1.36 s passive, xgboost 0.81 s and 0.49 s (CPU 0.34x and 0.42x).
 # Not rayline's default: on an idle machine the sleeping threads' wake-ups cost 1.49x and 1.32x there.
 # The policy changes no result (the same threads split the same work), only how idle threads wait.
+# At the suite's scale no gain beyond the box's noise was shown (five training modules in both orders:
+# 0.92x, then 1.06x; docs/development.md): it stays for the contended processes the benchmark measures.
 # Set before xdist starts its workers, so every process of the suite loads libgomp with it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -148,11 +148,17 @@ def profile(command: list[str], out: Path) -> int:
         busy0, started = _busy_ticks(), time.time()
         try:
             rc = subprocess.call(command)
+        except OSError as exc:  # not found, not executable: said in one line, accounting off again
+            rc, failed = 127, f"suite_cpu: could not start {command[0]!r}: {exc.strerror}"
+        else:
+            failed = None
         finally:
             libc.acct(None)
             wall, busy = time.time() - started, (_busy_ticks() - busy0) / os.sysconf("SC_CLK_TCK")
             scanner.stop()
         records = _records(acct_file)
+    if failed:
+        sys.exit(failed)
     _name(records, scanner.seen)
     result = {"command": command, "rc": rc, "wall_s": round(wall, 1), "machine_busy_cpu_s": round(busy, 1),
               "cores": os.cpu_count(), "records": records, "cmdlines": scanner.seen}
@@ -223,7 +229,7 @@ def report(result: dict, top: int = 30) -> None:
         kinds[k][1] += 1
     print(f"\n{'CPU-s':>8} {'share':>6} {'procs':>6} {'each':>6}  kind")
     for k, (cpu, n) in sorted(kinds.items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"{cpu:8.1f} {cpu / total:6.1%} {n:6d} {cpu / n:6.2f}  {k}")
+        print(f"{cpu:8.1f} {cpu / (total or 1):6.1%} {n:6d} {cpu / n:6.2f}  {k}")
 
 
 def main() -> None:
